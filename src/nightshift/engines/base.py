@@ -1,0 +1,85 @@
+"""The engine contract: what the job runner asks of any generation backend.
+
+An engine takes prompts that are already token ids (so the counts the planner saw are
+exactly what the model sees, and no BOS is ever added twice) and returns one result per
+prompt. A problem with one prompt comes back as that result's ``error``; a dead engine
+raises ``EngineFatalError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Guided decoding: the answer is one of ``choice``, or JSON matching ``json_schema``."""
+
+    choice: tuple[str, ...] | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    key: int  # the runner's handle for the record; results carry it back
+    token_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    key: int
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine itself keeps; the report prefers them to our own sums."""
+
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    output_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefill_seconds: float = 0.0  # summed over requests: time from scheduled to first token
+    decode_seconds: float = 0.0  # summed over requests: first token to last
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine was actually built with, as it reports it."""
+
+    name: str
+    kv_cache_dtype: str
+    kv_cache_tokens: int
+    block_size: int
+    prefix_caching: bool
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    def generate(
+        self, requests: Sequence[EngineRequest], sampling: Sampling
+    ) -> list[EngineResult]: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None: ...

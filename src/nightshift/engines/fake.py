@@ -1,0 +1,112 @@
+"""A deterministic, instant stand-in for vLLM, for unit tests.
+
+It honours the engine contract closely enough for the runner not to tell the difference:
+answers depend only on the prompt's token ids, guided choices and JSON are respected,
+and the prefix cache is simulated at block granularity (an unbounded cache), so
+cached-token counts behave like the real engine's when nothing is evicted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+
+
+def _digest(token_ids: Sequence[int]) -> int:
+    raw = ",".join(map(str, token_ids)).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+
+
+def example_json(schema: dict[str, Any], seed: int) -> Any:
+    """A small value that matches ``schema`` (the subset guided JSON tests use)."""
+    if "enum" in schema:
+        return schema["enum"][seed % len(schema["enum"])]
+    kind = schema.get("type", "object")
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {name: example_json(sub, seed + i) for i, (name, sub) in enumerate(props.items())}
+    if kind == "array":
+        return [example_json(schema.get("items", {}), seed)]
+    return {
+        "string": f"v{seed % 97}",
+        "integer": seed % 100,
+        "number": (seed % 1000) / 10,
+        "boolean": bool(seed % 2),
+        "null": None,
+    }.get(kind)
+
+
+class FakeEngine:
+    """``fail_when(token_ids)`` may return an error string to fail that one record."""
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        fail_when: Callable[[Sequence[int]], str | None] | None = None,
+    ) -> None:
+        self.info = EngineInfo(
+            name="fake",
+            kv_cache_dtype="fp8",
+            kv_cache_tokens=10**9,
+            block_size=block_size,
+            prefix_caching=True,
+        )
+        self._fail_when = fail_when
+        self._blocks: set[int] = set()
+        self._stats = EngineStats()
+        self.calls = 0
+
+    def generate(self, requests: Sequence[EngineRequest], sampling: Sampling) -> list[EngineResult]:
+        self.calls += 1
+        return [self._one(request, sampling) for request in requests]
+
+    def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
+        ids = list(request.token_ids)
+        error = self._fail_when(ids) if self._fail_when else None
+        if error:
+            return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
+        cached = self._cache(ids)
+        text, finish = self._answer(ids, sampling)
+        out = max(1, min(sampling.max_tokens, len(text.split())))
+        s = self._stats
+        s.prompt_tokens += len(ids)
+        s.prompt_tokens_cached += cached
+        s.output_tokens += out
+        s.prefix_cache_queries += len(ids)
+        s.prefix_cache_hits += cached
+        s.prefill_seconds += len(ids) * 1e-6
+        s.decode_seconds += out * 1e-5
+        return EngineResult(request.key, text, finish, len(ids), out, cached)
+
+    def _cache(self, ids: list[int]) -> int:
+        """Tokens served from cache: whole leading blocks seen before (never the last token)."""
+        size = self.info.block_size
+        cached, hit = 0, True
+        for end in range(size, len(ids), size):
+            key = _digest(ids[:end])
+            if hit and key in self._blocks:
+                cached = end
+            else:
+                hit = False
+            self._blocks.add(key)
+        return cached
+
+    def _answer(self, ids: list[int], sampling: Sampling) -> tuple[str, str]:
+        seed = _digest(ids)
+        constraint = sampling.constraint
+        if constraint and constraint.choice:
+            return constraint.choice[seed % len(constraint.choice)], "stop"
+        if constraint and constraint.json_schema is not None:
+            return json.dumps(example_json(constraint.json_schema, seed)), "stop"
+        words = [f"w{(seed >> (i % 48)) % 1000}" for i in range(sampling.max_tokens)]
+        return " ".join(words), "length"
+
+    def stats(self) -> EngineStats:
+        return EngineStats(**vars(self._stats))
+
+    def close(self) -> None:
+        self._blocks.clear()

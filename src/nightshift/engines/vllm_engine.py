@@ -1,0 +1,175 @@
+"""The vLLM adapter: offline ``vllm.LLM`` at maximum batch, FP8 KV cache, prefix caching.
+
+Prompts arrive as token ids (``TokensPrompt``), so vLLM runs exactly what was counted
+and never tokenizes twice. Guided decoding (choice or JSON schema) goes through
+``StructuredOutputsParams``. Token counts per record come from vLLM's outputs; cache
+and phase-time counters from ``LLM.get_metrics()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.errors import EngineError, EngineFatalError
+
+if TYPE_CHECKING:
+    from nightshift.jobs.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# Metric name -> EngineStats field. Counters sum over label sets (one per engine).
+_COUNTERS = {
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:prompt_tokens_cached": "prompt_tokens_cached",
+    "vllm:generation_tokens": "output_tokens",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+}
+_HISTOGRAM_SUMS = {
+    "vllm:request_prefill_time_seconds": "prefill_seconds",
+    "vllm:request_decode_time_seconds": "decode_seconds",
+}
+
+
+def engine_arguments(spec: JobSpec) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
+    e, m = spec.engine, spec.model
+    args: dict[str, Any] = {
+        "model": m.path,
+        "tokenizer": m.tokenizer or m.path,
+        "max_model_len": m.max_model_len,
+        "dtype": m.dtype,
+        "trust_remote_code": m.trust_remote_code,
+        "kv_cache_dtype": e.kv_cache_dtype,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+        "disable_log_stats": False,  # get_metrics() needs the stat loggers
+        "seed": spec.sampling.seed if spec.sampling.seed is not None else 0,
+    }
+    args.update(e.extra)
+    return args
+
+
+def fp8_kv_unsupported_reason() -> str | None:
+    """Why this machine cannot hold an FP8 KV cache, or None when it can.
+
+    vLLM's CPU attention stores FP8 KV only with AVX-512 or AMX (cpu_attn._get_attn_isa);
+    on an AVX2-only CPU the engine would fail at start-up instead.
+    """
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return "vLLM's CPU backend needs AVX-512 or AMX for an FP8 KV cache; this CPU has neither"
+
+
+class VllmEngine:
+    def __init__(self, llm: Any, notes: dict[str, Any] | None = None) -> None:
+        self._llm = llm
+        cache = llm.llm_engine.vllm_config.cache_config
+        blocks = cache.num_gpu_blocks or 0
+        self.info = EngineInfo(
+            name="vllm",
+            kv_cache_dtype=str(cache.cache_dtype),
+            kv_cache_tokens=blocks * cache.block_size,
+            block_size=cache.block_size,
+            prefix_caching=bool(cache.enable_prefix_caching),
+            settings={"num_gpu_blocks": blocks, **(notes or {})},
+        )
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> VllmEngine:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep start-up noise down
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # The CPU build sizes its KV cache from this variable, in whole GiB.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.engine.cpu_kv_cache_gib))
+        args, notes = engine_arguments(spec), {}
+        reason = fp8_kv_unsupported_reason() if "fp8" in args["kv_cache_dtype"] else None
+        if reason:
+            log.warning(
+                "engine.kv_cache_dtype %s falls back to auto: %s", args["kv_cache_dtype"], reason
+            )
+            notes = {
+                "kv_cache_dtype_requested": args["kv_cache_dtype"],
+                "kv_cache_fallback": reason,
+            }
+            args["kv_cache_dtype"] = "auto"
+        try:
+            return cls(LLM(**args), notes)
+        except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+            raise EngineError(f"vLLM could not start: {exc}") from exc
+
+    def generate(self, requests: Sequence[EngineRequest], sampling: Sampling) -> list[EngineResult]:
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]
+        try:
+            outputs = self._llm.generate(prompts, _sampling_params(sampling), use_tqdm=False)
+        except EngineDeadError as exc:
+            raise EngineFatalError(f"vLLM engine died: {exc}") from exc
+        return [_result(r.key, out) for r, out in zip(requests, outputs, strict=True)]
+
+    def stats(self) -> EngineStats:
+        stats = EngineStats()
+        for metric in self._llm.get_metrics():
+            if metric.name in _COUNTERS:
+                name = _COUNTERS[metric.name]
+                setattr(stats, name, getattr(stats, name) + int(metric.value))
+            elif metric.name in _HISTOGRAM_SUMS:
+                name = _HISTOGRAM_SUMS[metric.name]
+                setattr(stats, name, getattr(stats, name) + float(metric.sum))
+        return stats
+
+    def close(self) -> None:
+        engine = getattr(self._llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown:
+            shutdown()
+        self._llm = None
+
+
+def _sampling_params(sampling: Sampling):
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    structured = None
+    if sampling.constraint and sampling.constraint.choice:
+        structured = StructuredOutputsParams(choice=list(sampling.constraint.choice))
+    elif sampling.constraint and sampling.constraint.json_schema is not None:
+        # Compact JSON: whitespace between tokens is output the user pays for.
+        structured = StructuredOutputsParams(
+            json=sampling.constraint.json_schema, disable_any_whitespace=True
+        )
+    return SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        structured_outputs=structured,
+    )
+
+
+def _result(key: int, out: Any) -> EngineResult:
+    completion = out.outputs[0]
+    return EngineResult(
+        key=key,
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        prompt_tokens=len(out.prompt_token_ids or []),
+        output_tokens=len(completion.token_ids),
+        cached_tokens=int(out.num_cached_tokens or 0),
+    )

@@ -1,0 +1,70 @@
+"""Every exception nightshift raises on purpose, in one place.
+
+The split that matters to a user: a ``UserError`` is something they can fix (a bad
+spec, a missing file) and is shown as one clear message with exit code 2, never a
+traceback. A ``RecordError`` concerns one record and is kept in the output with its
+reason while the job goes on. An ``EngineFatalError`` means the engine itself is gone
+and the work it held has to be retried on a fresh engine.
+"""
+
+from __future__ import annotations
+
+
+class NightshiftError(Exception):
+    """Base of every error nightshift raises on purpose."""
+
+
+class UserError(NightshiftError):
+    """A mistake the user can fix; reported without a traceback, exit code 2."""
+
+    exit_code = 2
+
+
+class SpecError(UserError):
+    """The job spec is invalid. ``key`` is the dotted path of the offending key."""
+
+    def __init__(self, key: str, problem: str, fix: str = "") -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        message = f"{key}: {problem}" if key else problem
+        if fix:
+            message += f" ({fix})"
+        super().__init__(message)
+
+
+class SpecErrors(UserError):
+    """Several spec problems found at once, reported together."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        self.errors = errors
+        lines = "\n".join(f"  - {e}" for e in errors)
+        super().__init__(f"invalid job spec:\n{lines}")
+
+
+class InputError(UserError):
+    """The input data cannot be read as the spec describes it."""
+
+
+class OutputExistsError(UserError):
+    """The output location already holds a finished run."""
+
+
+class RecordError(NightshiftError):
+    """One record cannot be processed; it is set aside with this reason.
+
+    ``kind`` is a short stable code (``over_length``, ``null_field``...) that reports
+    group by; the message says what exactly was wrong with this record.
+    """
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        self.kind = kind
+        super().__init__(message)
+
+
+class EngineError(NightshiftError):
+    """The engine could not be built or failed while running."""
+
+
+class EngineFatalError(EngineError):
+    """The engine died; the work in flight must be retried on a fresh engine."""

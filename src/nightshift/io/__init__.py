@@ -1,0 +1,1 @@
+"""Reading input Parquet and writing results: everything that touches storage."""

@@ -1,0 +1,71 @@
+"""``nightshift jobs run | plan``: the job commands.
+
+User mistakes (a bad spec, a missing file) print one message and exit with code 2;
+only real bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+
+import typer
+
+from nightshift.errors import UserError
+
+jobs_app = typer.Typer(help="Run and plan bulk generation jobs.", no_args_is_help=True)
+
+SPEC = typer.Argument(..., help="The job spec, a YAML file.", show_default=False)
+SET = typer.Option(
+    None, "--set", help="Override a spec key, e.g. --set sampling.max_tokens=16 (repeatable)."
+)
+
+
+def user_errors(command: Callable) -> Callable:
+    @wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+@jobs_app.command("run")
+@user_errors
+def run(
+    spec: Path = SPEC,
+    overrides: list[str] = SET,
+    overwrite: bool = typer.Option(False, help="Replace an earlier run in output.path."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Run a job: plan, generate with vLLM, write results and report.json."""
+    from nightshift.jobs.loading import load_spec
+    from nightshift.jobs.report import summary_lines
+    from nightshift.jobs.runner import run_job
+
+    job = load_spec(spec, overrides)
+    outcome = run_job(job, overwrite=overwrite, progress=not quiet and sys.stderr.isatty())
+    for line in summary_lines(outcome.report, str(outcome.output.root)):
+        typer.echo(line)
+    typer.echo(f"report: {outcome.output.root / 'report.json'}")
+
+
+@jobs_app.command("plan")
+@user_errors
+def plan(
+    spec: Path = SPEC,
+    overrides: list[str] = SET,
+    as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
+) -> None:
+    """Dry run, no engine: records, prompt tokens, over-length records, projected cost."""
+    from nightshift.jobs.dryrun import plan_summary, summary_text
+    from nightshift.jobs.loading import load_spec
+
+    summary = plan_summary(load_spec(spec, overrides), progress=sys.stderr.isatty())
+    typer.echo(json.dumps(summary, indent=2) if as_json else summary_text(summary))

@@ -1,0 +1,81 @@
+"""``nightshift jobs plan``: what a job would do and cost, without starting an engine."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from nightshift.io.outputs import REPORT_FILE
+from nightshift.jobs.plan import build_plan
+from nightshift.jobs.runner import load_encoder
+from nightshift.jobs.spec import JobSpec
+
+
+def _measured_throughput(spec: JobSpec) -> float | None:
+    """Total tokens/s of the last finished run into the same output, if there is one."""
+    report = Path(spec.output.path) / REPORT_FILE
+    if spec.output.path.startswith("s3://") or not report.is_file():
+        return None
+    return json.loads(report.read_text()).get("throughput", {}).get("total_tokens_per_s") or None
+
+
+def plan_summary(spec: JobSpec, progress: bool = False) -> dict[str, Any]:
+    plan = build_plan(spec, load_encoder(spec), progress)
+    prompt_tokens = plan.prompt_tokens
+    output_bound = len(plan.records) * spec.sampling.max_tokens
+    kinds = Counter(r.kind for r in plan.rejects)
+    summary: dict[str, Any] = {
+        "job": spec.name,
+        "records": {
+            "input": plan.input_records,
+            "runnable": len(plan.records),
+            "rejected": len(plan.rejects),
+            "over_length": kinds["over_length"],
+        },
+        "rejects_by_kind": dict(kinds.most_common()),
+        "tokens": {
+            "prompt": prompt_tokens,
+            "output_at_most": output_bound,
+            "prompt_max": max((len(r.token_ids) for r in plan.records), default=0),
+        },
+    }
+    summary["projection"] = _projection(spec, prompt_tokens + output_bound)
+    return summary
+
+
+def _projection(spec: JobSpec, tokens: int) -> dict[str, Any]:
+    tps, source = spec.cost.expected_tokens_per_s, "cost.expected_tokens_per_s"
+    if tps is None:
+        tps, source = _measured_throughput(spec), "last run's report.json"
+    if not tps:
+        return {"note": "set cost.expected_tokens_per_s (or run once) to project time and cost"}
+    hours = tokens / tps / 3600
+    return {
+        "tokens_per_s": tps,
+        "throughput_source": source,
+        "generate_hours": hours,
+        "usd": hours * spec.cost.usd_per_gpu_hour * spec.cost.gpus,
+        "note": "output tokens counted at sampling.max_tokens per record (an upper bound); "
+        "engine start-up not included",
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    r, t, p = summary["records"], summary["tokens"], summary["projection"]
+    lines = [
+        f"{summary['job']}: {r['input']:,} records, {r['runnable']:,} runnable, "
+        f"{r['rejected']:,} rejected ({r['over_length']:,} over length)",
+        f"prompt tokens: {t['prompt']:,} (longest {t['prompt_max']:,}); "
+        f"output tokens at most {t['output_at_most']:,}",
+    ]
+    lines += [f"  rejected: {n:,} x {reason}" for reason, n in summary["rejects_by_kind"].items()]
+    if "usd" in p:
+        lines.append(
+            f"projected: {p['generate_hours'] * 3600:,.0f}s generating at "
+            f"{p['tokens_per_s']:,.0f} tokens/s ({p['throughput_source']}), ${p['usd']:.4f}"
+        )
+    else:
+        lines.append(f"projected cost: unknown; {p['note']}")
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""The run report: counts, tokens, times, throughput and cost, as plain arithmetic.
+
+Cost model (stated in the README and in every report):
+
+* ``cost.usd_total = usd_per_gpu_hour x gpus x time_s.total / 3600``: the whole wall
+  time is billed, planning and engine start-up included, because the GPUs are held.
+* ``cost.usd_per_million_tokens.total = usd_total / (prompt + output tokens) x 1e6``.
+* The split between input and output follows where the engine spent its time: the
+  engine's summed per-request prefill seconds against its summed decode seconds.
+  ``input = usd_total x prefill_share / prompt tokens x 1e6`` and
+  ``output = usd_total x (1 - prefill_share) / output tokens x 1e6``. When the engine
+  reports no phase times, the share is the prompt tokens' share of all tokens, which
+  makes both figures equal to the total.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightshift.engines.base import EngineInfo, EngineStats
+from nightshift.jobs.spec import CostSpec
+
+COST_FORMULA = (
+    "usd_total = usd_per_gpu_hour x gpus x wall_hours (planning and start-up included); "
+    "per million tokens = share of usd_total / tokens x 1e6, split between input and output "
+    "by the engine's prefill and decode seconds"
+)
+
+
+@dataclass
+class RunTotals:
+    """What a run counted, filled in as it goes."""
+
+    input_records: int = 0
+    ok: int = 0
+    rejected: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    output_tokens: int = 0
+    finish_reasons: Counter = field(default_factory=Counter)
+
+    def add_result(self, prompt: int, cached: int, output: int, finish: str | None) -> None:
+        self.prompt_tokens += prompt
+        self.prompt_tokens_cached += cached
+        self.output_tokens += output
+        if finish:
+            self.finish_reasons[finish] += 1
+
+
+@dataclass(frozen=True)
+class Timings:
+    total: float
+    plan: float
+    engine_startup: float
+    generate: float
+
+
+def _per_s(amount: float, seconds: float) -> float:
+    return amount / seconds if seconds > 0 else 0.0
+
+
+def _per_million(usd: float, tokens: int) -> float:
+    return usd / tokens * 1e6 if tokens else 0.0
+
+
+def prefill_share(stats: EngineStats, prompt_tokens: int, output_tokens: int) -> float:
+    """Share of engine time spent reading prompts (see the module docstring)."""
+    phase = stats.prefill_seconds + stats.decode_seconds
+    if phase > 0:
+        return stats.prefill_seconds / phase
+    tokens = prompt_tokens + output_tokens
+    return prompt_tokens / tokens if tokens else 0.0
+
+
+def cost_section(cost: CostSpec, wall_s: float, totals: RunTotals, share: float) -> dict:
+    usd = cost.usd_per_gpu_hour * cost.gpus * wall_s / 3600
+    return {
+        "gpu": cost.gpu,
+        "gpus": cost.gpus,
+        "usd_per_gpu_hour": cost.usd_per_gpu_hour,
+        "gpu_hours": cost.gpus * wall_s / 3600,
+        "usd_total": usd,
+        "input_share": share,
+        "usd_per_million_tokens": {
+            "input": _per_million(usd * share, totals.prompt_tokens),
+            "output": _per_million(usd * (1 - share), totals.output_tokens),
+            "total": _per_million(usd, totals.prompt_tokens + totals.output_tokens),
+        },
+        "formula": COST_FORMULA,
+    }
+
+
+def hit_rate(stats: EngineStats, totals: RunTotals) -> float:
+    """The engine's own prefix-cache hit rate (hits / queries, in tokens)."""
+    if stats.prefix_cache_queries:
+        return stats.prefix_cache_hits / stats.prefix_cache_queries
+    return _per_s(totals.prompt_tokens_cached, totals.prompt_tokens)
+
+
+def build_report(
+    job: str,
+    totals: RunTotals,
+    times: Timings,
+    stats: EngineStats,
+    info: EngineInfo | None,
+    cost: CostSpec,
+) -> dict[str, Any]:
+    all_tokens = totals.prompt_tokens + totals.output_tokens
+    share = prefill_share(stats, totals.prompt_tokens, totals.output_tokens)
+    return {
+        "job": job,
+        "records": {
+            "input": totals.input_records,
+            "ok": totals.ok,
+            "rejected": totals.rejected,
+            "failed": totals.failed,
+        },
+        "tokens": {
+            "prompt": totals.prompt_tokens,
+            "prompt_cached": totals.prompt_tokens_cached,
+            "output": totals.output_tokens,
+            "total": all_tokens,
+        },
+        "time_s": {
+            "total": times.total,
+            "plan": times.plan,
+            "engine_startup": times.engine_startup,
+            "generate": times.generate,
+        },
+        "throughput": {
+            "output_tokens_per_s": _per_s(totals.output_tokens, times.generate),
+            "total_tokens_per_s": _per_s(all_tokens, times.generate),
+            "records_per_s": _per_s(totals.ok + totals.failed, times.generate),
+        },
+        "cost": cost_section(cost, times.total, totals, share),
+        "prefix_cache_hit_rate": hit_rate(stats, totals),
+        "finish_reasons": dict(sorted(totals.finish_reasons.items())),
+        "engine": _engine_section(info, stats),
+    }
+
+
+def _engine_section(info: EngineInfo | None, stats: EngineStats) -> dict[str, Any]:
+    if info is None:
+        return {}
+    return {
+        "name": info.name,
+        "kv_cache_dtype": info.kv_cache_dtype,
+        "kv_cache_tokens": info.kv_cache_tokens,
+        "block_size": info.block_size,
+        "prefix_caching": info.prefix_caching,
+        "settings": info.settings,
+        "counters": vars(stats),
+    }
+
+
+def summary_lines(report: dict[str, Any], output: str) -> list[str]:
+    """The few lines a person reads at the end of a run."""
+    r, t, s, c = report["records"], report["tokens"], report["time_s"], report["cost"]
+    per_m = c["usd_per_million_tokens"]
+    return [
+        f"{report['job']}: {r['ok']:,} ok, {r['rejected']:,} rejected, {r['failed']:,} failed "
+        f"of {r['input']:,} records",
+        f"tokens: {t['prompt']:,} prompt ({t['prompt_cached']:,} cached, hit rate "
+        f"{report['prefix_cache_hit_rate']:.1%}), {t['output']:,} output",
+        f"time: {s['total']:.1f}s total ({s['plan']:.1f}s plan, {s['engine_startup']:.1f}s "
+        f"engine start, {s['generate']:.1f}s generate); "
+        f"{report['throughput']['total_tokens_per_s']:,.0f} tokens/s",
+        f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
+        f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
+        f"output: {output}",
+    ]

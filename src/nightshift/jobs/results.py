@@ -1,0 +1,84 @@
+"""Turn engine results into output rows: parsed answers, failures and rejects.
+
+Each table's schema is fixed up front (input columns keep their input types), so every
+part file of a run has the same schema and the parts read as one dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from nightshift.engines.base import EngineResult
+from nightshift.errors import RecordError
+from nightshift.jobs.plan import PlannedRecord, Reject
+from nightshift.jobs.tasks import TaskHandler
+
+_COUNTS = [
+    pa.field("finish_reason", pa.string()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("output_tokens", pa.int32()),
+    pa.field("cached_tokens", pa.int32()),
+]
+
+
+@dataclass
+class ChunkRows:
+    ok: list[dict] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+
+
+class ResultTables:
+    """Schemas and row builders for results, failures and rejects of one job."""
+
+    def __init__(self, input_schema: pa.Schema, id_column: str, keep: list[str], task: TaskHandler):
+        self.task = task
+        head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
+        task_fields = [pa.field(name, kind) for name, kind in task.columns.items()]
+        self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + _COUNTS)
+        self.failed = pa.schema(
+            head + [pa.field("error", pa.string()), pa.field("text", pa.string())] + _COUNTS
+        )
+        self.rejects = pa.schema(
+            list(input_schema)
+            + [pa.field("reason", pa.string()), pa.field("reject_kind", pa.string())]
+        )
+        self._id_column = id_column
+
+    def rows(self, records: Sequence[PlannedRecord], results: Sequence[EngineResult]) -> ChunkRows:
+        by_key = {r.key: r for r in results}
+        out = ChunkRows()
+        for record in records:
+            result = by_key.get(record.key)
+            base = {self._id_column: record.record_id, **record.kept}
+            if result is None:
+                out.failed.append({**base, "error": "engine returned no result"})
+                continue
+            counts = {
+                "text": result.text,
+                "finish_reason": result.finish_reason,
+                "prompt_tokens": result.prompt_tokens,
+                "output_tokens": result.output_tokens,
+                "cached_tokens": result.cached_tokens,
+            }
+            try:
+                if result.error:
+                    raise RecordError(f"engine: {result.error}")
+                out.ok.append(
+                    {**base, **counts, **self.task.parse(result.text, result.finish_reason)}
+                )
+            except RecordError as exc:
+                out.failed.append({**base, **counts, "error": str(exc)})
+        return out
+
+    def results_table(self, rows: list[dict]) -> pa.Table:
+        return pa.Table.from_pylist(rows, schema=self.results)
+
+    def failed_table(self, rows: list[dict]) -> pa.Table:
+        return pa.Table.from_pylist(rows, schema=self.failed)
+
+    def rejects_table(self, rejects: Sequence[Reject]) -> pa.Table:
+        rows = [{**r.row, "reason": r.reason, "reject_kind": r.kind} for r in rejects]
+        return pa.Table.from_pylist(rows, schema=self.rejects)

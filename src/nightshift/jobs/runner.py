@@ -1,0 +1,112 @@
+"""Run one job end to end: plan, start the engine, generate in chunks, write, report.
+
+The runner owns the order of things and the clock; every step it calls lives in its
+own module (plan, engines, results, io.outputs, report).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from nightshift.engines import build_engine
+from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.io.outputs import OutputDir
+from nightshift.jobs.plan import Plan, PlannedRecord, build_plan
+from nightshift.jobs.report import RunTotals, Timings, build_report
+from nightshift.jobs.results import ResultTables
+from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import TaskHandler, handler_for
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    report: dict[str, Any]
+    output: OutputDir
+
+
+def load_encoder(spec: JobSpec) -> PromptEncoder:
+    return PromptEncoder.load(spec.model.tokenizer or spec.model.path, spec.model.trust_remote_code)
+
+
+def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
+    s = spec.sampling
+    return Sampling(s.max_tokens, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
+
+
+def chunks(records: Sequence[PlannedRecord], size: int) -> Iterator[Sequence[PlannedRecord]]:
+    for start in range(0, len(records), size):
+        yield records[start : start + size]
+
+
+def run_job(
+    spec: JobSpec, *, overwrite: bool = False, engine: Engine | None = None, progress: bool = True
+) -> RunOutcome:
+    """Run ``spec``. Pass ``engine`` to reuse a running engine (its start-up is not billed)."""
+    started = time.perf_counter()
+    output = OutputDir(spec.output.path)
+    output.prepare(overwrite)
+    plan = build_plan(spec, load_encoder(spec), progress)
+    planned = time.perf_counter()
+    owned = engine is None
+    engine = engine or build_engine(spec)
+    engine_ready = time.perf_counter()
+    try:
+        before = engine.stats()
+        totals = _generate(spec, plan, engine, output, progress)
+        stats = _delta(engine.stats(), before)
+    finally:
+        if owned:
+            engine.close()
+    generated = time.perf_counter()
+    times = Timings(
+        total=generated - started,
+        plan=planned - started,
+        engine_startup=engine_ready - planned,
+        generate=generated - engine_ready,
+    )
+    report = build_report(spec.name, totals, times, stats, engine.info, spec.cost)
+    output.write_report(report)
+    return RunOutcome(report, output)
+
+
+def _generate(
+    spec: JobSpec, plan: Plan, engine: Engine, output: OutputDir, progress: bool
+) -> RunTotals:
+    task = handler_for(spec.task)
+    tables = ResultTables(plan.input_schema, spec.input.id_column, spec.input.keep_columns, task)
+    sampling = sampling_for(spec, task)
+    totals = RunTotals(input_records=plan.input_records, rejected=len(plan.rejects))
+    failed: list[dict] = []
+    bar = tqdm(total=len(plan.records), desc="generate", unit="rec", disable=not progress)
+    start = time.perf_counter()
+    for index, chunk in enumerate(chunks(plan.records, spec.run.chunk_records)):
+        results = engine.generate([EngineRequest(r.key, r.token_ids) for r in chunk], sampling)
+        rows = tables.rows(chunk, results)
+        output.write_part(index, tables.results_table(rows.ok))
+        failed.extend(rows.failed)
+        totals.ok += len(rows.ok)
+        totals.failed += len(rows.failed)
+        for row in rows.ok + rows.failed:
+            totals.add_result(
+                row.get("prompt_tokens") or 0,
+                row.get("cached_tokens") or 0,
+                row.get("output_tokens") or 0,
+                row.get("finish_reason"),
+            )
+        bar.update(len(chunk))
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        bar.set_postfix(tok_s=f"{(totals.prompt_tokens + totals.output_tokens) / elapsed:,.0f}")
+    bar.close()
+    output.write_rejects(tables.rejects_table(plan.rejects))
+    output.write_failed(tables.failed_table(failed))
+    return totals
+
+
+def _delta(after: EngineStats, before: EngineStats) -> EngineStats:
+    return EngineStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})

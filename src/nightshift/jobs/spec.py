@@ -1,0 +1,226 @@
+"""The job spec: one YAML file, validated strictly, every field described.
+
+The keys here are a contract with users and with later tooling: add fields freely,
+but rename or remove them only with a migration note.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    # strict: "8" is not 8; forbid: a misspelt key is an error, not silently ignored.
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class InputSpec(_Section):
+    path: str = Field(
+        description="Parquet input: a file, a glob such as data/*.parquet, or a directory "
+        "(every *.parquet below it). Relative paths are taken from the working directory."
+    )
+    id_column: str = Field(
+        description="Column holding each record's unique id; results are matched by it."
+    )
+    keep_columns: list[str] = Field(
+        default_factory=list,
+        description="Input columns copied unchanged into every output and reject row.",
+    )
+
+
+class PromptSpec(_Section):
+    system: str | None = Field(
+        default=None,
+        description="Static system text. It comes first in every prompt, so it is the prefix "
+        "every record shares and the prefix cache serves it once.",
+    )
+    template: str = Field(
+        description="User message with {column} placeholders filled from each record. "
+        "Record values are inserted literally: braces or Jinja inside data stay as they are. "
+        "Write {{ or }} for a literal brace in the template itself.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_parses(cls, template: str) -> str:
+        fields = template_fields(template)
+        if not fields:
+            raise ValueError("names no {column}: every record would get the same prompt")
+        return template
+
+
+def template_fields(template: str) -> list[str]:
+    """Column names a template refers to, in order of first use."""
+    names: list[str] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        hint = "write {{ for a literal brace"
+        raise ValueError(f"is not a valid template ({exc}); {hint}") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() and not name.replace("-", "_").isidentifier():
+            raise ValueError(f"placeholder {{{name}}} is not a column name")
+        if spec or conversion:
+            raise ValueError(f"placeholder {{{name}}} uses a format spec; use a plain {{column}}")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+class GenerateTask(_Section):
+    kind: Literal["generate"] = Field(description="Free text generation.")
+
+
+class ClassifyTask(_Section):
+    kind: Literal["classify"] = Field(description="Pick exactly one label per record.")
+    labels: list[str] = Field(
+        min_length=2,
+        description="The allowed labels; guided decoding makes the engine emit one of them.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_distinct(cls, labels: list[str]) -> list[str]:
+        if len(set(labels)) != len(labels) or any(not label for label in labels):
+            raise ValueError("labels must be distinct, non-empty strings")
+        return labels
+
+
+class ExtractTask(_Section):
+    kind: Literal["extract"] = Field(description="Extract fields as JSON.")
+    json_schema: dict[str, Any] = Field(
+        alias="schema",
+        description="JSON schema every answer must match; guided decoding enforces it.",
+    )
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_is_valid(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"is not a valid JSON schema: {exc.message}") from None
+        return schema
+
+
+TaskSpec = Annotated[GenerateTask | ClassifyTask | ExtractTask, Field(discriminator="kind")]
+
+
+class ModelSpec(_Section):
+    path: str = Field(description="Local model folder or Hugging Face model id.")
+    tokenizer: str | None = Field(
+        default=None, description="Tokenizer folder or id, when it differs from the model's."
+    )
+    max_model_len: int = Field(
+        gt=0,
+        description="Context length in tokens. A record whose prompt plus max_tokens exceeds "
+        "it is rejected with its reason instead of failing the job.",
+    )
+    dtype: str = Field(default="auto", description="Weight dtype passed to vLLM (auto, bfloat16).")
+    trust_remote_code: bool = Field(
+        default=False, description="Allow model code shipped in the model folder to run."
+    )
+
+
+class EngineSpec(_Section):
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="fp8",
+        description="KV cache precision. fp8 halves the cache per token, so twice as many "
+        "records fit in one batch; auto keeps the model's dtype.",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse the KV cache of prompt prefixes shared across records."
+    )
+    max_num_seqs: int = Field(default=256, gt=0, description="Most sequences in one engine pass.")
+    max_num_batched_tokens: int = Field(
+        default=8192, gt=0, description="Most tokens scheduled in one engine pass."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of accelerator memory vLLM may use (on the CPU build, of the KV "
+        "cache space; see cpu_kv_cache_gib).",
+    )
+    cpu_kv_cache_gib: int = Field(
+        default=2,
+        gt=0,
+        description="KV cache size in whole GiB on the CPU build of vLLM "
+        "(VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.",
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other vllm.LLM engine argument, passed through unchanged "
+        "(for example enforce_eager, num_gpu_blocks_override, tensor_parallel_size).",
+    )
+
+
+class SamplingSpec(_Section):
+    max_tokens: int = Field(gt=0, description="Most tokens generated per record.")
+    temperature: float = Field(default=0.0, ge=0, description="0 picks the likeliest token.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    seed: int | None = Field(default=None, description="Sampling seed, for repeatable runs.")
+    stop: list[str] = Field(default_factory=list, description="Strings that end a generation.")
+
+
+class OutputSpec(_Section):
+    path: str = Field(description="Output directory for results, rejects and the report.")
+
+
+class RunSpec(_Section):
+    chunk_records: int = Field(
+        default=4096,
+        gt=0,
+        description="Records handed to the engine per call and written per output part. "
+        "Larger keeps the engine's batch full; smaller writes results sooner.",
+    )
+    engine: Literal["vllm", "fake"] = Field(
+        default="vllm",
+        description="vllm runs the model; fake is a fast deterministic stand-in for tests.",
+    )
+
+
+class CostSpec(_Section):
+    gpu: str = Field(default="h100", description="Accelerator name, shown in the report.")
+    gpus: int = Field(default=1, gt=0, description="Accelerators the job holds while it runs.")
+    usd_per_gpu_hour: float = Field(default=0.0, ge=0, description="Price of one GPU hour.")
+    expected_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Throughput (prompt + output tokens/s) used by `jobs plan` to project "
+        "cost before any run; without it the plan uses the last run's measured figure.",
+    )
+
+
+class JobSpec(_Section):
+    name: str = Field(
+        min_length=1, description="Job name, used in reports and run names.", pattern=r"^\S+$"
+    )
+    input: InputSpec = Field(description="Where the records come from.")
+    prompt: PromptSpec = Field(description="How each record becomes a prompt.")
+    task: TaskSpec = Field(description="What to do with each record.")
+    model: ModelSpec = Field(description="The model to run.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
+    sampling: SamplingSpec = Field(description="Generation settings.")
+    output: OutputSpec = Field(description="Where results go.")
+    run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
+    cost: CostSpec = Field(default_factory=CostSpec, description="Price used in the report.")
+
+    @model_validator(mode="after")
+    def _context_fits(self) -> JobSpec:
+        if self.sampling.max_tokens >= self.model.max_model_len:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) leaves no room for a prompt "
+                f"in model.max_model_len ({self.model.max_model_len})"
+            )
+        return self
+
+    def template_columns(self) -> list[str]:
+        return template_fields(self.prompt.template)

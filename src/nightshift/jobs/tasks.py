@@ -1,0 +1,70 @@
+"""What each task kind asks of the engine and how its answers are read back.
+
+A small registry keyed by ``task.kind``: each entry says which guided-decoding
+constraint to use, which columns it adds to the output, and how to parse one answer.
+An answer that does not parse is a per-record failure, kept with its text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from nightshift.engines.base import Constraint
+from nightshift.errors import RecordError
+from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask
+
+
+@dataclass(frozen=True)
+class TaskHandler:
+    constraint: Constraint | None
+    columns: dict[str, pa.DataType]
+
+    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {}
+
+
+class ClassifyHandler(TaskHandler):
+    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        label = text.strip()
+        if label not in self.constraint.choice:
+            raise RecordError(f"answer {text[:80]!r} is not one of the labels")
+        return {"label": label}
+
+
+class ExtractHandler(TaskHandler):
+    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        import jsonschema
+
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            hint = " (cut off by sampling.max_tokens)" if finish_reason == "length" else ""
+            raise RecordError(f"answer is not valid JSON{hint}: {exc.msg}") from None
+        try:
+            jsonschema.validate(value, self.constraint.json_schema)
+        except jsonschema.ValidationError as exc:
+            raise RecordError(f"answer does not match task.schema: {exc.message}") from None
+        return {"json": json.dumps(value, ensure_ascii=False, sort_keys=True)}
+
+
+def _generate(task: GenerateTask) -> TaskHandler:
+    return TaskHandler(constraint=None, columns={})
+
+
+def _classify(task: ClassifyTask) -> TaskHandler:
+    return ClassifyHandler(Constraint(choice=tuple(task.labels)), {"label": pa.string()})
+
+
+def _extract(task: ExtractTask) -> TaskHandler:
+    return ExtractHandler(Constraint(json_schema=task.json_schema), {"json": pa.string()})
+
+
+_HANDLERS = {"generate": _generate, "classify": _classify, "extract": _extract}
+
+
+def handler_for(task: GenerateTask | ClassifyTask | ExtractTask) -> TaskHandler:
+    return _HANDLERS[task.kind](task)
