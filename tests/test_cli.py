@@ -1,0 +1,107 @@
+"""The CLI: jobs run and plan on a small dataset, and each documented bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nightshift.cli import app
+
+from .conftest import spec_dict, write_records
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture
+def spec_path(models, ticket_dir, tmp_path, write_spec):
+    return write_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
+
+
+def assert_user_error(result, *fragments: str):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in result.output
+
+
+def test_run_with_the_fake_engine_writes_results_and_report(spec_path, tmp_path):
+    result = invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q")
+    assert result.exit_code == 0, result.output
+    assert "120 ok, 0 rejected, 0 failed of 120 records" in result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["records"]["ok"] == 120
+    assert "cost: $" in result.output and "report.json" in result.output
+
+
+def test_plan_reports_records_tokens_and_over_length(models, tmp_path, write_spec):
+    rows = [{"ticket_id": str(i), "subject": "s", "body": "word " * (10 if i else 3000)}
+            for i in range(5)]
+    write_records(tmp_path / "in.parquet", rows)
+    spec = write_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out",
+                                cost={"usd_per_gpu_hour": 3.6, "expected_tokens_per_s": 1000.0}))
+    result = invoke("jobs", "plan", str(spec), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["records"] == {"input": 5, "runnable": 4, "rejected": 1, "over_length": 1}
+    tokens = summary["tokens"]["prompt"] + summary["tokens"]["output_at_most"]
+    assert summary["projection"]["usd"] == pytest.approx(tokens / 1000 / 3600 * 3.6)
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_plan_text_says_how_to_get_a_projection(spec_path):
+    result = invoke("jobs", "plan", str(spec_path))
+    assert result.exit_code == 0, result.output
+    assert "120 records, 120 runnable" in result.output
+    assert "cost.expected_tokens_per_s" in result.output
+
+
+def test_unknown_key(spec_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", "sampling.temprature=0.2")
+    assert_user_error(result, "sampling.temprature: unknown key", "spelling")
+
+
+def test_missing_key(models, ticket_dir, tmp_path, write_spec):
+    data = spec_dict(models["chat"], ticket_dir, tmp_path / "out")
+    del data["output"]
+    assert_user_error(invoke("jobs", "run", str(write_spec(data))), "output: required key")
+
+
+def test_wrong_type(spec_path):
+    result = invoke("jobs", "run", str(spec_path), "--set", "sampling.max_tokens=lots")
+    assert_user_error(result, "sampling.max_tokens", "'lots'")
+
+
+def test_missing_spec_file(tmp_path):
+    assert_user_error(invoke("jobs", "run", str(tmp_path / "nope.yaml")), "does not exist")
+
+
+def test_input_matching_no_files(spec_path, tmp_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", f"input.path={tmp_path}/none/*.parquet")
+    assert_user_error(result, "input.path", "matches no Parquet files")
+
+
+def test_template_column_not_in_input(spec_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", "prompt.template=Hi {customer}")
+    assert_user_error(result, "prompt.template", "'customer' is not in the input", "the input has")
+
+
+def test_id_column_not_in_input(spec_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", "input.id_column=id")
+    assert_user_error(result, "input.id_column", "'id' is not in the input")
+
+
+def test_model_that_cannot_be_loaded(spec_path, tmp_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", f"model.path={tmp_path}/no-model")
+    assert_user_error(result, "model.path", "cannot load a tokenizer")
+
+
+def test_output_that_holds_a_run(spec_path):
+    assert invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q").exit_code == 0
+    result = invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q")
+    assert_user_error(result, "already holds a run", "--overwrite")

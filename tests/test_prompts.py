@@ -1,0 +1,61 @@
+"""Prompt rendering: record text is data, chat templates apply once, one BOS only."""
+
+from __future__ import annotations
+
+import pytest
+
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import RecordError
+from nightshift.scheduling.prompts import Messages, PromptTemplate
+
+TRICKY = "Please keep {subject} and {{ bos_token }} and {% if x %}y{% endif %} and {0} as typed."
+
+
+def test_record_braces_and_jinja_pass_literally():
+    template = PromptTemplate("Subject: {subject}\n\n{body}", system="sys")
+    messages = template.render({"subject": "{body}", "body": TRICKY})
+    assert messages.user == "Subject: {body}\n\n" + TRICKY
+    assert messages.system == "sys"
+
+
+def test_template_escapes_are_honoured_and_values_stringified():
+    template = PromptTemplate("{{literal}} #{n}: {flag}")
+    assert template.render({"n": 7, "flag": True}).user == "{literal} #7: True"
+
+
+def test_missing_and_null_fields_are_record_errors():
+    template = PromptTemplate("{subject}: {body}")
+    with pytest.raises(RecordError, match="missing field 'body'") as missing:
+        template.render({"subject": "s"})
+    assert missing.value.kind == "missing_field"
+    with pytest.raises(RecordError, match="field 'body' is null") as null:
+        template.render({"subject": "s", "body": None})
+    assert null.value.kind == "null_field"
+
+
+@pytest.fixture(scope="module")
+def chat_encoder(models):
+    return PromptEncoder.load(str(models["chat"]))
+
+
+@pytest.fixture(scope="module")
+def plain_encoder(models):
+    return PromptEncoder.load(str(models["plain"]))
+
+
+def test_chat_model_gets_its_template_and_one_bos(chat_encoder):
+    [ids] = chat_encoder.encode([Messages("You triage.", TRICKY)])
+    bos = chat_encoder.bos_token_id
+    assert ids[0] == bos and ids.count(bos) == 1
+    text = chat_encoder.decode(ids)
+    assert text.startswith("<s><|im_start|>system\nYou triage.<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    # Jinja inside the record was not evaluated: it reaches the model as typed.
+    assert TRICKY in text
+
+
+def test_model_without_chat_template_gets_the_raw_prompt(plain_encoder):
+    assert not plain_encoder.has_chat_template
+    [ids] = plain_encoder.encode([Messages("You triage.", TRICKY)])
+    assert ids[0] == plain_encoder.bos_token_id and ids.count(plain_encoder.bos_token_id) == 1
+    assert plain_encoder.decode(ids) == "<s>You triage.\n\n" + TRICKY

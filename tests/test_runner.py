@@ -1,0 +1,118 @@
+"""The whole job path on the fake engine: rejects, failures, output and report."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from nightshift.engines.fake import FakeEngine
+from nightshift.errors import OutputExistsError
+from nightshift.jobs.loading import validate_spec
+from nightshift.jobs.runner import run_job
+
+from .conftest import spec_dict, write_records
+
+LABELS = ["billing", "bug", "feature_request", "account", "other"]
+
+
+@pytest.fixture
+def messy_input(tmp_path):
+    """Good records plus each kind of bad one."""
+    rows = [{"ticket_id": f"t{i}", "subject": f"s{i}", "body": f"body {{x}} {i}"} for i in range(30)]
+    rows += [
+        {"ticket_id": "null-body", "subject": "s", "body": None},
+        {"ticket_id": "t3", "subject": "dup", "body": "duplicate id"},
+        {"ticket_id": None, "subject": "s", "body": "no id"},
+        {"ticket_id": "too-long", "subject": "s", "body": "word " * 3000},
+    ]
+    write_records(tmp_path / "in" / "a.parquet", rows[:17])
+    write_records(tmp_path / "in" / "b.parquet", rows[17:])
+    return tmp_path / "in"
+
+
+def run(models, input_path, out, engine=None, **sections):
+    spec = validate_spec(spec_dict(models["chat"], input_path, out, **sections))
+    return run_job(spec, engine=engine or FakeEngine(), progress=False)
+
+
+def test_bad_records_are_set_aside_with_reasons(models, messy_input, tmp_path):
+    outcome = run(models, messy_input, tmp_path / "out")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
+    by_kind = dict(zip(rejects["reject_kind"], rejects["ticket_id"], strict=True))
+    assert by_kind == {"null_field": "null-body", "duplicate_id": "t3", "null_id": None,
+                       "over_length": "too-long"}
+    too_long = rejects.filter(pl.col("ticket_id") == "too-long")["reason"][0]
+    assert "exceeds model.max_model_len 2048" in too_long
+    # Rejects keep the input columns the job used, so they can be fixed and rerun.
+    assert set(rejects.columns) >= {"ticket_id", "subject", "body", "reason"}
+    records = outcome.report["records"]
+    assert records == {"input": 34, "ok": 30, "rejected": 4, "failed": 0}
+
+
+def test_output_has_one_row_per_record_with_labels_and_counts(models, ticket_dir, tmp_path):
+    outcome = run(models, ticket_dir, tmp_path / "out", run={"chunk_records": 50})
+    results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
+    assert len(list((tmp_path / "out" / "results").glob("*.parquet"))) == 3  # 120 / 50
+    assert results.columns == ["ticket_id", "subject", "text", "label", "finish_reason",
+                               "prompt_tokens", "output_tokens", "cached_tokens"]
+    assert results["ticket_id"].n_unique() == 120
+    assert set(results["label"]) <= set(LABELS)
+    tokens = outcome.report["tokens"]
+    assert tokens["prompt"] == results["prompt_tokens"].sum()
+    assert tokens["output"] == results["output_tokens"].sum()
+    assert tokens["prompt_cached"] == results["cached_tokens"].sum() > 0
+
+
+def test_per_record_engine_errors_fail_only_that_record(models, ticket_dir, tmp_path):
+    unlucky = {"n": 0}
+
+    def fail_every_tenth(ids):
+        unlucky["n"] += 1
+        return "out of cheese" if unlucky["n"] % 10 == 0 else None
+
+    outcome = run(models, ticket_dir, tmp_path / "out", engine=FakeEngine(fail_when=fail_every_tenth))
+    failed = pl.read_parquet(tmp_path / "out" / "failed.parquet")
+    assert len(failed) == 12 and set(failed["error"]) == {"engine: out of cheese"}
+    r = outcome.report["records"]
+    assert (r["ok"], r["failed"]) == (108, 12)
+    assert r["input"] == r["ok"] + r["rejected"] + r["failed"]
+    ok_ids = set(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")["ticket_id"])
+    assert ok_ids.isdisjoint(failed["ticket_id"]) and len(ok_ids | set(failed["ticket_id"])) == 120
+
+
+def test_extract_answers_are_parsed_and_validated(models, ticket_dir, tmp_path):
+    schema = {"type": "object", "properties": {"priority": {"enum": ["low", "high"]},
+              "refund": {"type": "boolean"}}, "required": ["priority", "refund"]}
+    run(models, ticket_dir, tmp_path / "out", task={"kind": "extract", "schema": schema},
+        sampling={"max_tokens": 32})
+    results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
+    values = [json.loads(v) for v in results["json"]]
+    assert len(values) == 120 and all(v["priority"] in ("low", "high") for v in values)
+
+
+def test_generate_task_has_text_and_finish_reason(models, ticket_dir, tmp_path):
+    run(models, ticket_dir, tmp_path / "out", task={"kind": "generate"})
+    results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
+    assert "label" not in results.columns and (results["finish_reason"] == "length").all()
+    assert (results["output_tokens"] == 8).all()
+
+
+def test_existing_output_is_not_mixed_without_overwrite(models, ticket_dir, tmp_path):
+    run(models, ticket_dir, tmp_path / "out")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        run(models, ticket_dir, tmp_path / "out")
+    spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
+    run_job(spec, engine=FakeEngine(), progress=False, overwrite=True)
+
+
+def test_output_reads_in_pyarrow_and_duckdb(models, ticket_dir, tmp_path):
+    import duckdb
+
+    run(models, ticket_dir, tmp_path / "out", run={"chunk_records": 50})
+    parts = str(tmp_path / "out" / "results" / "*.parquet")
+    assert pq.ParquetDataset(tmp_path / "out" / "results").read().num_rows == 120
+    [(count,)] = duckdb.sql(f"select count(distinct ticket_id) from '{parts}'").fetchall()
+    assert count == 120

@@ -1,0 +1,151 @@
+"""Spec validation: every user mistake names its key and says how to fix it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from nightshift.errors import SpecError, SpecErrors
+from nightshift.jobs.loading import apply_override, load_spec, validate_spec
+from nightshift.jobs.spec import ClassifyTask, ExtractTask
+
+from .conftest import spec_dict
+
+BASE = spec_dict("model-dir", "data/*.parquet", "out/x")
+
+
+def errors_for(data: dict) -> list[SpecError]:
+    with pytest.raises(SpecErrors) as caught:
+        validate_spec(data)
+    return caught.value.errors
+
+
+def with_change(path: str, value, delete: bool = False) -> dict:
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+def test_valid_spec_loads_with_defaults():
+    spec = validate_spec(copy.deepcopy(BASE))
+    assert isinstance(spec.task, ClassifyTask)
+    assert spec.engine.kv_cache_dtype == "fp8"
+    assert spec.engine.enable_prefix_caching is True
+    assert spec.template_columns() == ["subject", "body"]
+
+
+def test_unknown_key_is_named_with_its_path():
+    [err] = errors_for(with_change("sampling.max_tokenz", 8))
+    assert err.key == "sampling.max_tokenz"
+    assert "unknown key" in str(err) and "spelling" in str(err)
+
+
+def test_unknown_top_level_section():
+    [err] = errors_for(with_change("outptu", {"path": "x"}))
+    assert err.key == "outptu"
+
+
+def test_missing_field_is_named():
+    [err] = errors_for(with_change("input.id_column", None, delete=True))
+    assert err.key == "input.id_column"
+    assert "missing" in str(err)
+
+
+def test_wrong_type_is_named_with_the_value_given():
+    [err] = errors_for(with_change("sampling.max_tokens", "eight"))
+    assert err.key == "sampling.max_tokens"
+    assert "'eight'" in str(err) and "whole number" in str(err)
+
+
+def test_strict_types_do_not_coerce_quoted_numbers():
+    [err] = errors_for(with_change("engine.max_num_seqs", "256"))
+    assert err.key == "engine.max_num_seqs"
+
+
+def test_several_problems_are_reported_together():
+    data = with_change("sampling.max_tokens", "x")
+    data["output"]["colour"] = "blue"
+    keys = {e.key for e in errors_for(data)}
+    assert keys == {"sampling.max_tokens", "output.colour"}
+
+
+def test_unknown_task_kind_lists_the_choices():
+    [err] = errors_for(with_change("task", {"kind": "summarise"}))
+    assert err.key == "task"
+    assert "generate, classify, extract" in str(err)
+
+
+def test_classify_needs_distinct_labels():
+    [err] = errors_for(with_change("task.labels", ["a", "a"]))
+    assert err.key == "task.labels"
+
+
+def test_extract_schema_must_be_a_valid_json_schema():
+    [err] = errors_for(with_change("task", {"kind": "extract", "schema": {"type": "nope"}}))
+    assert err.key == "task.schema"
+    assert "not a valid JSON schema" in str(err)
+
+
+def test_extract_schema_is_read_from_the_schema_key():
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    spec = validate_spec(with_change("task", {"kind": "extract", "schema": schema}))
+    assert isinstance(spec.task, ExtractTask) and spec.task.json_schema == schema
+
+
+def test_template_without_fields_is_rejected():
+    [err] = errors_for(with_change("prompt.template", "no fields at all"))
+    assert err.key == "prompt.template"
+
+
+def test_template_with_a_stray_brace_says_how_to_escape():
+    [err] = errors_for(with_change("prompt.template", "Subject: {subject"))
+    assert err.key == "prompt.template" and "{{" in str(err)
+
+
+def test_max_tokens_must_leave_room_for_a_prompt():
+    errors = errors_for(with_change("sampling.max_tokens", 4096))
+    assert "model.max_model_len" in str(errors[0])
+
+
+def test_engine_extra_passes_anything_through():
+    spec = validate_spec(with_change("engine.extra", {"num_gpu_blocks_override": 100}))
+    assert spec.engine.extra == {"num_gpu_blocks_override": 100}
+
+
+def test_set_overrides_parse_values_as_yaml(write_spec):
+    path = write_spec(copy.deepcopy(BASE))
+    spec = load_spec(path, ["sampling.max_tokens=16", "sampling.temperature=0.5",
+                            "output.path=elsewhere", "engine.extra.enforce_eager=false"])
+    assert spec.sampling.max_tokens == 16 and spec.sampling.temperature == 0.5
+    assert spec.output.path == "elsewhere"
+    assert spec.engine.extra["enforce_eager"] is False
+
+
+def test_set_override_without_equals_is_an_error():
+    with pytest.raises(SpecError) as caught:
+        apply_override({}, "sampling.max_tokens")
+    assert caught.value.key == "--set"
+
+
+def test_set_override_of_an_unknown_key_is_caught_by_validation(write_spec):
+    path = write_spec(copy.deepcopy(BASE))
+    with pytest.raises(SpecErrors) as caught:
+        load_spec(path, ["sampling.top_q=0.9"])
+    assert caught.value.errors[0].key == "sampling.top_q"
+
+
+def test_missing_spec_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML at line"):
+        load_spec(bad)
