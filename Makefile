@@ -22,7 +22,7 @@ demo: $(DEMO_MODEL)
 	@echo "results: out/classify-tickets/results/*.parquet (rejects.parquet, failed.parquet beside them)"
 	@echo "report:  out/classify-tickets/report.json"
 
-test: $(DEMO_MODEL)
+test: $(STAMP)
 	$(PY) -m pytest -q
 
 setup: $(STAMP)

@@ -50,7 +50,10 @@ def spec_dict(model: Path, input_path: Path | str, output: Path, **sections: Any
         "name": "test-job",
         "input": {"path": str(input_path), "id_column": "ticket_id", "keep_columns": ["subject"]},
         "prompt": {"system": "Label the ticket.", "template": "Subject: {subject}\n\n{body}"},
-        "task": {"kind": "classify", "labels": ["billing", "bug", "feature_request", "account", "other"]},
+        "task": {
+            "kind": "classify",
+            "labels": ["billing", "bug", "feature_request", "account", "other"],
+        },
         "model": {"path": str(model), "max_model_len": 2048, "dtype": "float32"},
         "engine": {"max_num_seqs": 64, "extra": {"enforce_eager": True}},
         "sampling": {"max_tokens": 8},

@@ -10,8 +10,15 @@ from nightshift.jobs.spec import CostSpec
 
 
 def make_report(stats: EngineStats, total_s: float = 3600.0) -> dict:
-    totals = RunTotals(input_records=10, ok=7, rejected=2, failed=1,
-                       prompt_tokens=800_000, prompt_tokens_cached=200_000, output_tokens=200_000)
+    totals = RunTotals(
+        input_records=10,
+        ok=7,
+        rejected=2,
+        failed=1,
+        prompt_tokens=800_000,
+        prompt_tokens_cached=200_000,
+        output_tokens=200_000,
+    )
     times = Timings(total=total_s, plan=100.0, engine_startup=500.0, generate=3000.0)
     cost = CostSpec(gpu="h100", gpus=2, usd_per_gpu_hour=3.0)
     return build_report("job", totals, times, stats, None, cost)

@@ -21,7 +21,9 @@ LABELS = ["billing", "bug", "feature_request", "account", "other"]
 @pytest.fixture
 def messy_input(tmp_path):
     """Good records plus each kind of bad one."""
-    rows = [{"ticket_id": f"t{i}", "subject": f"s{i}", "body": f"body {{x}} {i}"} for i in range(30)]
+    rows = [
+        {"ticket_id": f"t{i}", "subject": f"s{i}", "body": f"body {{x}} {i}"} for i in range(30)
+    ]
     rows += [
         {"ticket_id": "null-body", "subject": "s", "body": None},
         {"ticket_id": "t3", "subject": "dup", "body": "duplicate id"},
@@ -42,8 +44,12 @@ def test_bad_records_are_set_aside_with_reasons(models, messy_input, tmp_path):
     outcome = run(models, messy_input, tmp_path / "out")
     rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
     by_kind = dict(zip(rejects["reject_kind"], rejects["ticket_id"], strict=True))
-    assert by_kind == {"null_field": "null-body", "duplicate_id": "t3", "null_id": None,
-                       "over_length": "too-long"}
+    assert by_kind == {
+        "null_field": "null-body",
+        "duplicate_id": "t3",
+        "null_id": None,
+        "over_length": "too-long",
+    }
     too_long = rejects.filter(pl.col("ticket_id") == "too-long")["reason"][0]
     assert "exceeds model.max_model_len 2048" in too_long
     # Rejects keep the input columns the job used, so they can be fixed and rerun.
@@ -56,8 +62,16 @@ def test_output_has_one_row_per_record_with_labels_and_counts(models, ticket_dir
     outcome = run(models, ticket_dir, tmp_path / "out", run={"chunk_records": 50})
     results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
     assert len(list((tmp_path / "out" / "results").glob("*.parquet"))) == 3  # 120 / 50
-    assert results.columns == ["ticket_id", "subject", "text", "label", "finish_reason",
-                               "prompt_tokens", "output_tokens", "cached_tokens"]
+    assert results.columns == [
+        "ticket_id",
+        "subject",
+        "text",
+        "label",
+        "finish_reason",
+        "prompt_tokens",
+        "output_tokens",
+        "cached_tokens",
+    ]
     assert results["ticket_id"].n_unique() == 120
     assert set(results["label"]) <= set(LABELS)
     tokens = outcome.report["tokens"]
@@ -73,7 +87,9 @@ def test_per_record_engine_errors_fail_only_that_record(models, ticket_dir, tmp_
         unlucky["n"] += 1
         return "out of cheese" if unlucky["n"] % 10 == 0 else None
 
-    outcome = run(models, ticket_dir, tmp_path / "out", engine=FakeEngine(fail_when=fail_every_tenth))
+    outcome = run(
+        models, ticket_dir, tmp_path / "out", engine=FakeEngine(fail_when=fail_every_tenth)
+    )
     failed = pl.read_parquet(tmp_path / "out" / "failed.parquet")
     assert len(failed) == 12 and set(failed["error"]) == {"engine: out of cheese"}
     r = outcome.report["records"]
@@ -84,10 +100,18 @@ def test_per_record_engine_errors_fail_only_that_record(models, ticket_dir, tmp_
 
 
 def test_extract_answers_are_parsed_and_validated(models, ticket_dir, tmp_path):
-    schema = {"type": "object", "properties": {"priority": {"enum": ["low", "high"]},
-              "refund": {"type": "boolean"}}, "required": ["priority", "refund"]}
-    run(models, ticket_dir, tmp_path / "out", task={"kind": "extract", "schema": schema},
-        sampling={"max_tokens": 32})
+    schema = {
+        "type": "object",
+        "properties": {"priority": {"enum": ["low", "high"]}, "refund": {"type": "boolean"}},
+        "required": ["priority", "refund"],
+    }
+    run(
+        models,
+        ticket_dir,
+        tmp_path / "out",
+        task={"kind": "extract", "schema": schema},
+        sampling={"max_tokens": 32},
+    )
     results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
     values = [json.loads(v) for v in results["json"]]
     assert len(values) == 120 and all(v["priority"] in ("low", "high") for v in values)

@@ -122,8 +122,15 @@ def test_engine_extra_passes_anything_through():
 
 def test_set_overrides_parse_values_as_yaml(write_spec):
     path = write_spec(copy.deepcopy(BASE))
-    spec = load_spec(path, ["sampling.max_tokens=16", "sampling.temperature=0.5",
-                            "output.path=elsewhere", "engine.extra.enforce_eager=false"])
+    spec = load_spec(
+        path,
+        [
+            "sampling.max_tokens=16",
+            "sampling.temperature=0.5",
+            "output.path=elsewhere",
+            "engine.extra.enforce_eager=false",
+        ],
+    )
     assert spec.sampling.max_tokens == 16 and spec.sampling.temperature == 0.5
     assert spec.output.path == "elsewhere"
     assert spec.engine.extra["enforce_eager"] is False
@@ -149,3 +156,14 @@ def test_missing_spec_file_and_bad_yaml(tmp_path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(SpecError, match="not valid YAML at line"):
         load_spec(bad)
+
+
+def test_shipped_configs_validate():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    specs = {p.name: load_spec(p) for p in sorted(root.glob("*.yaml"))}
+    assert "classify.yaml" in specs
+    classify = specs["classify.yaml"]
+    assert classify.input.path == "data/demo/tickets/*.parquet"
+    assert classify.engine.kv_cache_dtype == "fp8" and classify.engine.enable_prefix_caching

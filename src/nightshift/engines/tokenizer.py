@@ -9,6 +9,7 @@ already writes BOS is never given a second one by the tokenizer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from nightshift.errors import SpecError
 from nightshift.scheduling.prompts import Messages
@@ -26,6 +27,13 @@ class PromptEncoder:
     def load(cls, name_or_path: str, trust_remote_code: bool = False) -> PromptEncoder:
         from transformers import AutoTokenizer
 
+        local = Path(name_or_path).expanduser()
+        if name_or_path.startswith((".", "/", "~")) and not local.is_dir():
+            raise SpecError(
+                "model.path",
+                f"model folder {name_or_path} does not exist",
+                "run `nightshift demo init` for the demo model, or give a model folder or HF id",
+            )
         try:
             tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:

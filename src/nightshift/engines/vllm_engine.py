@@ -51,6 +51,9 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
         "gpu_memory_utilization": e.gpu_memory_utilization,
         "disable_log_stats": False,  # get_metrics() needs the stat loggers
         "seed": spec.sampling.seed if spec.sampling.seed is not None else 0,
+        # Compact guided JSON: whitespace between JSON tokens is output the user pays for,
+        # and a small model can otherwise spend its whole budget on it.
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
     args.update(e.extra)
     return args
@@ -149,10 +152,7 @@ def _sampling_params(sampling: Sampling):
     if sampling.constraint and sampling.constraint.choice:
         structured = StructuredOutputsParams(choice=list(sampling.constraint.choice))
     elif sampling.constraint and sampling.constraint.json_schema is not None:
-        # Compact JSON: whitespace between tokens is output the user pays for.
-        structured = StructuredOutputsParams(
-            json=sampling.constraint.json_schema, disable_any_whitespace=True
-        )
+        structured = StructuredOutputsParams(json=sampling.constraint.json_schema)
     return SamplingParams(
         max_tokens=sampling.max_tokens,
         temperature=sampling.temperature,

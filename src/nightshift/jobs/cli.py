@@ -1,7 +1,7 @@
 """``nightshift jobs run | plan``: the job commands.
 
-User mistakes (a bad spec, a missing file) print one message and exit with code 2;
-only real bugs show a traceback.
+User mistakes (a bad spec, a missing file) print one message and exit with code 2; an
+engine that cannot start or dies exits with code 1; only real bugs show a traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from nightshift.errors import UserError
+from nightshift.errors import NightshiftError, UserError
 
 jobs_app = typer.Typer(help="Run and plan bulk generation jobs.", no_args_is_help=True)
 
@@ -32,6 +32,9 @@ def user_errors(command: Callable) -> Callable:
         except UserError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except NightshiftError as exc:  # engine or run failure: say what, exit 1
+            typer.echo(f"failed: {exc}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 

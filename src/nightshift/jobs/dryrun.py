@@ -11,6 +11,7 @@ from nightshift.io.outputs import REPORT_FILE
 from nightshift.jobs.plan import build_plan
 from nightshift.jobs.runner import load_encoder
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import answer_budget
 
 
 def _measured_throughput(spec: JobSpec) -> float | None:
@@ -24,7 +25,7 @@ def _measured_throughput(spec: JobSpec) -> float | None:
 def plan_summary(spec: JobSpec, progress: bool = False) -> dict[str, Any]:
     plan = build_plan(spec, load_encoder(spec), progress)
     prompt_tokens = plan.prompt_tokens
-    output_bound = len(plan.records) * spec.sampling.max_tokens
+    output_bound = len(plan.records) * answer_budget(spec)
     kinds = Counter(r.kind for r in plan.rejects)
     summary: dict[str, Any] = {
         "job": spec.name,

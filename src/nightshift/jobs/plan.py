@@ -17,6 +17,7 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import RecordError
 from nightshift.io.inputs import check_columns, open_input, read_batches
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.budget import over_length_reason
 from nightshift.scheduling.prompts import Messages, PromptTemplate
 
@@ -103,11 +104,10 @@ def _measure(runnable: list[tuple[dict, Messages]], spec: JobSpec, encoder, plan
     if not runnable:
         return
     id_column, keep = spec.input.id_column, spec.input.keep_columns
+    budget = answer_budget(spec)
     all_ids = encoder.encode([messages for _, messages in runnable])
     for (row, _), token_ids in zip(runnable, all_ids, strict=True):
-        reason = over_length_reason(
-            len(token_ids), spec.sampling.max_tokens, spec.model.max_model_len
-        )
+        reason = over_length_reason(len(token_ids), budget, spec.model.max_model_len)
         if reason:
             plan.rejects.append(Reject(row[id_column], row, reason, "over_length"))
             continue

@@ -21,7 +21,7 @@ from nightshift.jobs.plan import Plan, PlannedRecord, build_plan
 from nightshift.jobs.report import RunTotals, Timings, build_report
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import TaskHandler, handler_for
+from nightshift.jobs.tasks import TaskHandler, answer_budget, handler_for
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ def load_encoder(spec: JobSpec) -> PromptEncoder:
 
 def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
     s = spec.sampling
-    return Sampling(s.max_tokens, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
+    budget = answer_budget(spec)
+    return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
 
 
 def chunks(records: Sequence[PlannedRecord], size: int) -> Iterator[Sequence[PlannedRecord]]:

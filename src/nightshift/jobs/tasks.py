@@ -15,13 +15,14 @@ import pyarrow as pa
 
 from nightshift.engines.base import Constraint
 from nightshift.errors import RecordError
-from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask
+from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask, JobSpec
 
 
 @dataclass(frozen=True)
 class TaskHandler:
     constraint: Constraint | None
     columns: dict[str, pa.DataType]
+    min_tokens: int = 0  # an answer budget below this could cut a valid answer short
 
     def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {}
@@ -56,7 +57,13 @@ def _generate(task: GenerateTask) -> TaskHandler:
 
 
 def _classify(task: ClassifyTask) -> TaskHandler:
-    return ClassifyHandler(Constraint(choice=tuple(task.labels)), {"label": pa.string()})
+    # Guided choice may spell a label in any tokenization, but every token is at least one
+    # byte: the longest label's bytes plus an end token always suffice, and the answer
+    # stops there, so the larger budget costs nothing.
+    longest = max(len(label.encode()) for label in task.labels)
+    return ClassifyHandler(
+        Constraint(choice=tuple(task.labels)), {"label": pa.string()}, min_tokens=longest + 1
+    )
 
 
 def _extract(task: ExtractTask) -> TaskHandler:
@@ -68,3 +75,8 @@ _HANDLERS = {"generate": _generate, "classify": _classify, "extract": _extract}
 
 def handler_for(task: GenerateTask | ClassifyTask | ExtractTask) -> TaskHandler:
     return _HANDLERS[task.kind](task)
+
+
+def answer_budget(spec: JobSpec) -> int:
+    """Tokens reserved for each answer: sampling.max_tokens, raised where the task needs it."""
+    return max(spec.sampling.max_tokens, handler_for(spec.task).min_tokens)

@@ -8,6 +8,6 @@ def over_length_reason(prompt_tokens: int, max_tokens: int, max_model_len: int) 
     if prompt_tokens + max_tokens <= max_model_len:
         return None
     return (
-        f"prompt is {prompt_tokens} tokens; with sampling.max_tokens {max_tokens} it exceeds "
+        f"prompt is {prompt_tokens} tokens; with {max_tokens} answer tokens it exceeds "
         f"model.max_model_len {max_model_len}"
     )

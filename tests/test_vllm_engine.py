@@ -1,0 +1,145 @@
+"""The real engine: vLLM on the demo model, through the same job path users run.
+
+One engine is started for the module (start-up is the slow part) and shared by the jobs;
+the CLI test starts its own, as a user's command would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import polars as pl
+import pytest
+
+from nightshift.jobs.loading import validate_spec
+from nightshift.jobs.runner import run_job
+
+from .conftest import spec_dict
+
+pytestmark = pytest.mark.engine
+
+LABELS = ["billing", "bug", "feature_request", "account", "other"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "priority": {"enum": ["low", "medium", "high"]},
+        "needs_refund": {"type": "boolean"},
+        "product": {"enum": ["app", "billing", "api"]},
+    },
+    "required": ["priority", "needs_refund", "product"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine(models, tmp_path_factory):
+    from nightshift.engines.vllm_engine import VllmEngine
+
+    spec = validate_spec(spec_dict(models["chat"], "unused", tmp_path_factory.mktemp("o")))
+    engine = VllmEngine.from_spec(spec)
+    yield engine
+    engine.close()
+
+
+def run(models, ticket_dir, out, engine, **sections):
+    spec = validate_spec(spec_dict(models["chat"], ticket_dir, out, **sections))
+    return run_job(spec, engine=engine, progress=False)
+
+
+def read_results(out: Path) -> pl.DataFrame:
+    return pl.read_parquet(out / "results" / "*.parquet")
+
+
+def test_fp8_kv_cache_is_in_effect_where_the_hardware_has_it(engine):
+    from nightshift.engines.vllm_engine import fp8_kv_unsupported_reason
+
+    reason = fp8_kv_unsupported_reason()
+    if reason is None:
+        assert engine.info.kv_cache_dtype.startswith("fp8")
+    else:
+        # Never silently: the fallback and its reason travel into every report.
+        assert engine.info.kv_cache_dtype == "auto"
+        assert engine.info.settings["kv_cache_dtype_requested"] == "fp8"
+        assert engine.info.settings["kv_cache_fallback"] == reason
+    assert engine.info.prefix_caching and engine.info.kv_cache_tokens > 0
+
+
+def test_classify_returns_only_labels_and_reconciles(models, ticket_dir, tmp_path, engine):
+    outcome = run(models, ticket_dir, tmp_path / "out", engine, run={"chunk_records": 50})
+    results = read_results(tmp_path / "out")
+    assert len(results) == 120 and results["ticket_id"].n_unique() == 120
+    assert set(results["label"]) <= set(LABELS)
+    report = outcome.report
+    records = report["records"]
+    assert records["input"] == records["ok"] + records["rejected"] + records["failed"] == 120
+    # Totals come from the engine's per-record counts and match the engine's own counters.
+    tokens, counters = report["tokens"], report["engine"]["counters"]
+    assert tokens["prompt"] == results["prompt_tokens"].sum() == counters["prompt_tokens"]
+    assert tokens["output"] == results["output_tokens"].sum() == counters["output_tokens"]
+    assert tokens["prompt_cached"] == results["cached_tokens"].sum()
+    assert report["engine"]["kv_cache_dtype"] == engine.info.kv_cache_dtype
+
+
+def test_extract_returns_json_that_validates(models, ticket_dir, tmp_path, engine):
+    outcome = run(
+        models,
+        ticket_dir,
+        tmp_path / "out",
+        engine,
+        task={"kind": "extract", "schema": SCHEMA},
+        sampling={"max_tokens": 48},
+    )
+    results = read_results(tmp_path / "out")
+    failed = pl.read_parquet(tmp_path / "out" / "failed.parquet")
+    # A random model may wander until max_tokens; such a record fails with its reason and
+    # text kept. Every answer that is reported ok validates against the schema.
+    assert outcome.report["records"]["ok"] == len(results) >= 100
+    assert len(results) + len(failed) == 120
+    assert (failed["finish_reason"] == "length").all()
+    assert all("cut off by sampling.max_tokens" in e for e in failed["error"])
+    for value in results["json"]:
+        jsonschema.validate(json.loads(value), SCHEMA)
+
+
+def test_rejects_and_prompt_caching_on_the_real_engine(models, tmp_path, engine):
+    from .conftest import write_records
+
+    shared = "Shared preamble. " * 120  # several whole KV blocks every prompt starts with
+    rows = [{"ticket_id": f"r{i}", "subject": "s", "body": f"question {i}"} for i in range(20)]
+    rows.append({"ticket_id": "long", "subject": "s", "body": "word " * 3000})
+    write_records(tmp_path / "in.parquet", rows)
+    outcome = run(
+        models,
+        tmp_path / "in.parquet",
+        tmp_path / "out",
+        engine,
+        prompt={"system": shared, "template": "{subject}: {body}"},
+    )
+    report = outcome.report
+    assert report["records"] == {"input": 21, "ok": 20, "rejected": 1, "failed": 0}
+    assert pl.read_parquet(tmp_path / "out" / "rejects.parquet")["ticket_id"].to_list() == ["long"]
+    block = engine.info.block_size
+    assert report["tokens"]["prompt_cached"] >= 19 * block  # all but the first reuse the preamble
+    assert report["prefix_cache_hit_rate"] > 0
+
+
+def test_cli_run_on_a_model_without_chat_template(models, ticket_dir, tmp_path, write_spec):
+    spec = write_spec(spec_dict(models["plain"], ticket_dir, tmp_path / "out"))
+    cli = Path(sys.executable).parent / "nightshift"
+    done = subprocess.run(
+        [str(cli), "jobs", "run", str(spec), "--set", "run.chunk_records=64"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "120 ok, 0 rejected, 0 failed of 120 records" in done.stdout
+    results = read_results(tmp_path / "out")
+    assert set(results["label"]) <= set(LABELS) and len(results) == 120
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["time_s"]["engine_startup"] > 0
+    assert report["cost"]["usd_total"] > 0
