@@ -62,7 +62,7 @@ def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
 
     base = pattern[: min(pattern.index(c) for c in _GLOB_CHARS if c in pattern)]
     base = base.rsplit("/", 1)[0]
-    found = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     return [f.path for f in found if f.is_file and fnmatch.fnmatch(f.path, pattern)]
 
 

@@ -1,0 +1,1 @@
+"""Prefect flows and schedules: thin shells over jobs.runner. Only this package imports Prefect."""

@@ -1,0 +1,69 @@
+"""Input Parquet on S3: a real S3 server on loopback (moto's server mode)."""
+
+from __future__ import annotations
+
+import io
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nightshift.engines.fake import FakeEngine
+from nightshift.jobs.loading import validate_spec
+from nightshift.jobs.runner import run_job
+
+from .conftest import spec_dict
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A bucket on a loopback S3 server; the AWS environment points at it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    for key, value in {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="tickets")
+    yield client
+    server.stop()
+
+
+def upload(client, key: str, rows: list[dict]) -> None:
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    client.put_object(Bucket="tickets", Key=key, Body=buffer.getvalue())
+
+
+@pytest.mark.parametrize(
+    "path", ["s3://tickets/in/*.parquet", "s3://tickets/in", "s3://tickets/in/b.parquet"]
+)
+def test_job_reads_input_from_s3(s3, models, tmp_path, path):
+    rows = [{"ticket_id": f"t{i}", "subject": "s", "body": f"body {i}"} for i in range(30)]
+    upload(s3, "in/a.parquet", rows[:10])
+    upload(s3, "in/b.parquet", rows[10:])
+    upload(s3, "other/c.parquet", rows[:5])  # outside the prefix: never read
+    spec = validate_spec(spec_dict(models["chat"], path, tmp_path / "out"))
+    outcome = run_job(spec, engine=FakeEngine(), progress=False)
+    expected = 20 if path.endswith("b.parquet") else 30
+    assert outcome.report["records"]["ok"] == expected
+    ids = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")["ticket_id"]
+    assert ids.n_unique() == expected
+
+
+def test_missing_s3_prefix_names_the_key(s3, models, tmp_path):
+    from nightshift.errors import SpecError
+
+    spec = validate_spec(spec_dict(models["chat"], "s3://tickets/none/*.parquet", tmp_path / "o"))
+    with pytest.raises(SpecError, match="matches no Parquet files") as caught:
+        run_job(spec, engine=FakeEngine(), progress=False)
+    assert caught.value.key == "input.path"
