@@ -140,3 +140,30 @@ def test_output_reads_in_pyarrow_and_duckdb(models, ticket_dir, tmp_path):
     assert pq.ParquetDataset(tmp_path / "out" / "results").read().num_rows == 120
     [(count,)] = duckdb.sql(f"select count(distinct ticket_id) from '{parts}'").fetchall()
     assert count == 120
+
+
+def test_a_job_with_nothing_runnable_starts_no_engine(models, tmp_path, monkeypatch):
+    import nightshift.jobs.runner as runner
+
+    def no_engine(spec):
+        raise AssertionError("engine started for a job with nothing to run")
+
+    monkeypatch.setattr(runner, "build_engine", no_engine)
+    write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s", "body": None}])
+    spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
+    report = run_job(spec, progress=False).report
+    assert report["records"] == {"input": 1, "ok": 0, "rejected": 1, "failed": 0}
+    assert report["engine"] == {}
+    assert report["spec"]["input"]["path"] == str(tmp_path / "in.parquet")
+
+
+def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(models, ticket_dir, tmp_path):
+    from nightshift.errors import SpecError
+
+    run(models, ticket_dir, tmp_path / "out")
+    before = (tmp_path / "out" / "report.json").read_text()
+    bad = spec_dict(models["chat"], ticket_dir, tmp_path / "out")
+    bad["input"]["id_column"] = "no_such_column"
+    with pytest.raises(SpecError):
+        run_job(validate_spec(bad), engine=FakeEngine(), progress=False, overwrite=True)
+    assert (tmp_path / "out" / "report.json").read_text() == before

@@ -41,15 +41,22 @@ class OutputDir:
             )
         self.root = Path(path)
 
-    def prepare(self, overwrite: bool) -> None:
-        """Create the directory; refuse to mix with an earlier run unless told to replace it."""
-        existing = [name for name in _OWNED if (self.root / name).exists()]
+    def _existing(self) -> list[str]:
+        return [name for name in _OWNED if (self.root / name).exists()]
+
+    def check_free(self, overwrite: bool) -> None:
+        """Refuse to mix with an earlier run unless told to replace it."""
+        existing = self._existing()
         if existing and not overwrite:
             raise OutputExistsError(
                 f"output.path: {self.root} already holds a run ({', '.join(existing)}); "
                 "pass --overwrite to replace it or choose another output.path"
             )
-        for name in existing:
+
+    def prepare(self, overwrite: bool) -> None:
+        """Create the directory, removing an earlier run's files if ``overwrite``."""
+        self.check_free(overwrite)
+        for name in self._existing():
             target = self.root / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         (self.root / RESULTS_DIR).mkdir(parents=True, exist_ok=True)

@@ -51,16 +51,18 @@ def run_job(
     """Run ``spec``. Pass ``engine`` to reuse a running engine (its start-up is not billed)."""
     started = time.perf_counter()
     output = OutputDir(spec.output.path)
-    output.prepare(overwrite)
+    output.check_free(overwrite)  # refuse before any work, but delete nothing yet
     plan = build_plan(spec, load_encoder(spec), progress)
     planned = time.perf_counter()
-    owned = engine is None
-    engine = engine or build_engine(spec)
+    owned = engine is None and bool(plan.records)  # nothing to run: no engine to start
+    if owned:
+        engine = build_engine(spec)
     engine_ready = time.perf_counter()
+    output.prepare(overwrite)
     try:
-        before = engine.stats()
+        before = engine.stats() if engine else EngineStats()
         totals = _generate(spec, plan, engine, output, progress)
-        stats = _delta(engine.stats(), before)
+        stats = _delta(engine.stats(), before) if engine else EngineStats()
     finally:
         if owned:
             engine.close()
@@ -71,13 +73,17 @@ def run_job(
         engine_startup=engine_ready - planned,
         generate=generated - engine_ready,
     )
-    report = build_report(spec.name, totals, times, stats, engine.info, spec.cost)
+    info = engine.info if engine else None
+    report = build_report(spec.name, totals, times, stats, info, spec.cost)
+    # The settings that produced these rows travel with them (temperature 0 is not enough
+    # to reproduce a run: batch composition changes results too).
+    report["spec"] = spec.model_dump(mode="json", by_alias=True)
     output.write_report(report)
     return RunOutcome(report, output)
 
 
 def _generate(
-    spec: JobSpec, plan: Plan, engine: Engine, output: OutputDir, progress: bool
+    spec: JobSpec, plan: Plan, engine: Engine | None, output: OutputDir, progress: bool
 ) -> RunTotals:
     task = handler_for(spec.task)
     tables = ResultTables(plan.input_schema, spec.input.id_column, spec.input.keep_columns, task)
