@@ -143,3 +143,15 @@ def test_cli_run_on_a_model_without_chat_template(models, ticket_dir, tmp_path, 
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["time_s"]["engine_startup"] > 0
     assert report["cost"]["usd_total"] > 0
+
+
+def test_a_prompt_vllm_refuses_fails_alone_and_results_stream_by_key(engine):
+    from nightshift.engines.base import EngineRequest, Sampling
+
+    good = [0] + list(range(10, 40))
+    requests = [EngineRequest(0, good), EngineRequest(1, [0, 10**6]), EngineRequest(2, good[:-3])]
+    results = {r.key: r for r in engine.run(requests, Sampling(max_tokens=4))}
+    assert sorted(results) == [0, 1, 2]
+    assert "vocab" in results[1].error and results[1].output_tokens == 0
+    assert results[0].error is None and results[0].prompt_tokens == len(good)
+    assert results[2].error is None and 0 < results[2].output_tokens <= 4

@@ -1,14 +1,16 @@
 """The engine contract: what the job runner asks of any generation backend.
 
-An engine takes prompts that are already token ids (so the counts the planner saw are
-exactly what the model sees, and no BOS is ever added twice) and returns one result per
-prompt. A problem with one prompt comes back as that result's ``error``; a dead engine
-raises ``EngineFatalError``.
+An engine takes a stream of prompts that are already token ids (so the counts the
+planner saw are exactly what the model sees, and no BOS is ever added twice) and yields
+one result per prompt as each finishes, in any order, matched back by ``key``. It reads
+ahead of what it has finished so its batch never drains between records. A problem with
+one prompt comes back as that result's ``error``; a dead engine raises
+``EngineFatalError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,9 +78,9 @@ class EngineInfo:
 class Engine(Protocol):
     info: EngineInfo
 
-    def generate(
-        self, requests: Sequence[EngineRequest], sampling: Sampling
-    ) -> list[EngineResult]: ...
+    def run(
+        self, requests: Iterable[EngineRequest], sampling: Sampling
+    ) -> Iterator[EngineResult]: ...
 
     def stats(self) -> EngineStats: ...
 

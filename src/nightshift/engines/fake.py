@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
@@ -41,12 +42,17 @@ def example_json(schema: dict[str, Any], seed: int) -> Any:
 
 
 class FakeEngine:
-    """``fail_when(token_ids)`` may return an error string to fail that one record."""
+    """``fail_when(token_ids)`` may return an error string to fail that one record.
+
+    Results come back out of order (each window of ``window`` requests reversed), as a
+    real engine's do, so callers must match them by key.
+    """
 
     def __init__(
         self,
         block_size: int = 16,
         fail_when: Callable[[Sequence[int]], str | None] | None = None,
+        window: int = 8,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -58,11 +64,14 @@ class FakeEngine:
         self._fail_when = fail_when
         self._blocks: set[int] = set()
         self._stats = EngineStats()
+        self._window = window
         self.calls = 0
 
-    def generate(self, requests: Sequence[EngineRequest], sampling: Sampling) -> list[EngineResult]:
+    def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
         self.calls += 1
-        return [self._one(request, sampling) for request in requests]
+        pending = iter(requests)
+        while window := list(islice(pending, self._window)):
+            yield from reversed([self._one(request, sampling) for request in window])
 
     def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
         ids = list(request.token_ids)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
@@ -88,6 +89,8 @@ class VllmEngine:
             prefix_caching=bool(cache.enable_prefix_caching),
             settings={"num_gpu_blocks": blocks, **(notes or {})},
         )
+        max_num_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+        self.read_ahead = max(4 * max_num_seqs, 256)
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> VllmEngine:
@@ -114,16 +117,49 @@ class VllmEngine:
         except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
             raise EngineError(f"vLLM could not start: {exc}") from exc
 
-    def generate(self, requests: Sequence[EngineRequest], sampling: Sampling) -> list[EngineResult]:
-        from vllm.inputs import TokensPrompt
+    def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
+        """Feed ``LLMEngine`` a sliding window of requests and yield each as it finishes.
+
+        ``LLM.generate`` waits for a whole list; this keeps ``read_ahead`` requests in the
+        engine (several batches' worth), so it runs at full batch from the first record to
+        the last, and results can be written as they come.
+        """
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        prompts = [TokensPrompt(prompt_token_ids=list(r.token_ids)) for r in requests]
+        engine, params = self._llm.llm_engine, _sampling_params(sampling)
+        pending, in_flight = iter(requests), set()
         try:
-            outputs = self._llm.generate(prompts, _sampling_params(sampling), use_tqdm=False)
+            while True:
+                for request in islice(pending, self.read_ahead - len(in_flight)):
+                    refused = self._add(engine, request, params)
+                    if refused:
+                        yield refused
+                    else:
+                        in_flight.add(str(request.key))
+                if not in_flight:
+                    return
+                for out in engine.step():
+                    if out.finished:
+                        in_flight.discard(out.request_id)
+                        yield _result(int(out.request_id), out)
         except EngineDeadError as exc:
             raise EngineFatalError(f"vLLM engine died: {exc}") from exc
-        return [_result(r.key, out) for r, out in zip(requests, outputs, strict=True)]
+        finally:
+            if in_flight and self._llm is not None:  # the caller stopped early
+                engine.abort_request(list(in_flight))
+
+    @staticmethod
+    def _add(engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
+        """Queue one request; vLLM's own input checks failing is that record's error."""
+        from vllm.inputs import TokensPrompt
+
+        try:
+            engine.add_request(
+                str(request.key), TokensPrompt(prompt_token_ids=list(request.token_ids)), params
+            )
+        except (ValueError, TypeError) as exc:
+            return EngineResult(request.key, error=str(exc), prompt_tokens=len(request.token_ids))
+        return None
 
     def stats(self) -> EngineStats:
         stats = EngineStats()

@@ -42,12 +42,21 @@ class RunTotals:
     output_tokens: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
 
-    def add_result(self, prompt: int, cached: int, output: int, finish: str | None) -> None:
-        self.prompt_tokens += prompt
-        self.prompt_tokens_cached += cached
-        self.output_tokens += output
-        if finish:
-            self.finish_reasons[finish] += 1
+    def count(self, row: dict, ok: bool) -> None:
+        """Count one answered (or failed) record from its output row."""
+        if ok:
+            self.ok += 1
+        else:
+            self.failed += 1
+        self.prompt_tokens += row.get("prompt_tokens") or 0
+        self.prompt_tokens_cached += row.get("cached_tokens") or 0
+        self.output_tokens += row.get("output_tokens") or 0
+        if row.get("finish_reason"):
+            self.finish_reasons[row["finish_reason"]] += 1
+
+    @property
+    def all_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ part file of a run has the same schema and the parts read as one dataset.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -22,12 +21,6 @@ _COUNTS = [
     pa.field("output_tokens", pa.int32()),
     pa.field("cached_tokens", pa.int32()),
 ]
-
-
-@dataclass
-class ChunkRows:
-    ok: list[dict] = field(default_factory=list)
-    failed: list[dict] = field(default_factory=list)
 
 
 class ResultTables:
@@ -47,31 +40,23 @@ class ResultTables:
         )
         self._id_column = id_column
 
-    def rows(self, records: Sequence[PlannedRecord], results: Sequence[EngineResult]) -> ChunkRows:
-        by_key = {r.key: r for r in results}
-        out = ChunkRows()
-        for record in records:
-            result = by_key.get(record.key)
-            base = {self._id_column: record.record_id, **record.kept}
-            if result is None:
-                out.failed.append({**base, "error": "engine returned no result"})
-                continue
-            counts = {
-                "text": result.text,
-                "finish_reason": result.finish_reason,
-                "prompt_tokens": result.prompt_tokens,
-                "output_tokens": result.output_tokens,
-                "cached_tokens": result.cached_tokens,
-            }
-            try:
-                if result.error:
-                    raise RecordError(f"engine: {result.error}")
-                out.ok.append(
-                    {**base, **counts, **self.task.parse(result.text, result.finish_reason)}
-                )
-            except RecordError as exc:
-                out.failed.append({**base, **counts, "error": str(exc)})
-        return out
+    def row(self, record: PlannedRecord, result: EngineResult) -> tuple[dict, bool]:
+        """The output row for one record, and whether it is ok (else it is failed)."""
+        row = {
+            self._id_column: record.record_id,
+            **record.kept,
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "output_tokens": result.output_tokens,
+            "cached_tokens": result.cached_tokens,
+        }
+        try:
+            if result.error:
+                raise RecordError(f"engine: {result.error}")
+            return {**row, **self.task.parse(result.text, result.finish_reason)}, True
+        except RecordError as exc:
+            return {**row, "error": str(exc)}, False
 
     def results_table(self, rows: list[dict]) -> pa.Table:
         return pa.Table.from_pylist(rows, schema=self.results)

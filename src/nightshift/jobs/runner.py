@@ -7,7 +7,6 @@ own module (plan, engines, results, io.outputs, report).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from nightshift.engines import build_engine
 from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.outputs import OutputDir
-from nightshift.jobs.plan import Plan, PlannedRecord, build_plan
+from nightshift.jobs.plan import Plan, build_plan
 from nightshift.jobs.report import RunTotals, Timings, build_report
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
@@ -38,11 +37,6 @@ def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
     s = spec.sampling
     budget = answer_budget(spec)
     return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
-
-
-def chunks(records: Sequence[PlannedRecord], size: int) -> Iterator[Sequence[PlannedRecord]]:
-    for start in range(0, len(records), size):
-        yield records[start : start + size]
 
 
 def run_job(
@@ -85,34 +79,35 @@ def run_job(
 def _generate(
     spec: JobSpec, plan: Plan, engine: Engine | None, output: OutputDir, progress: bool
 ) -> RunTotals:
+    """Stream the plan through the engine; write a results part every ``chunk_records``."""
     task = handler_for(spec.task)
     tables = ResultTables(plan.input_schema, spec.input.id_column, spec.input.keep_columns, task)
-    sampling = sampling_for(spec, task)
     totals = RunTotals(input_records=plan.input_records, rejected=len(plan.rejects))
-    failed: list[dict] = []
+    ok, failed, parts = [], [], 0
     bar = tqdm(total=len(plan.records), desc="generate", unit="rec", disable=not progress)
-    start = time.perf_counter()
-    for index, chunk in enumerate(chunks(plan.records, spec.run.chunk_records)):
-        results = engine.generate([EngineRequest(r.key, r.token_ids) for r in chunk], sampling)
-        rows = tables.rows(chunk, results)
-        output.write_part(index, tables.results_table(rows.ok))
-        failed.extend(rows.failed)
-        totals.ok += len(rows.ok)
-        totals.failed += len(rows.failed)
-        for row in rows.ok + rows.failed:
-            totals.add_result(
-                row.get("prompt_tokens") or 0,
-                row.get("cached_tokens") or 0,
-                row.get("output_tokens") or 0,
-                row.get("finish_reason"),
-            )
-        bar.update(len(chunk))
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        bar.set_postfix(tok_s=f"{(totals.prompt_tokens + totals.output_tokens) / elapsed:,.0f}")
+    requests = (EngineRequest(r.key, r.token_ids) for r in plan.records)
+    results = engine.run(requests, sampling_for(spec, task)) if plan.records else iter(())
+    for result in results:
+        row, is_ok = tables.row(plan.records[result.key], result)
+        (ok if is_ok else failed).append(row)
+        totals.count(row, is_ok)
+        if len(ok) >= spec.run.chunk_records:
+            output.write_part(parts, tables.results_table(ok))
+            ok, parts = [], parts + 1
+        bar.update(1)
+        if progress and bar.n % 256 == 0:
+            _show_speed(bar, totals)
+    if ok or parts == 0:
+        output.write_part(parts, tables.results_table(ok))
     bar.close()
     output.write_rejects(tables.rejects_table(plan.rejects))
     output.write_failed(tables.failed_table(failed))
     return totals
+
+
+def _show_speed(bar: tqdm, totals: RunTotals) -> None:
+    elapsed = max(bar.format_dict["elapsed"], 1e-9)
+    bar.set_postfix(tok_s=f"{totals.all_tokens / elapsed:,.0f}", refresh=False)
 
 
 def _delta(after: EngineStats, before: EngineStats) -> EngineStats:

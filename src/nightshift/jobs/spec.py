@@ -178,8 +178,8 @@ class RunSpec(_Section):
     chunk_records: int = Field(
         default=4096,
         gt=0,
-        description="Records handed to the engine per call and written per output part. "
-        "Larger keeps the engine's batch full; smaller writes results sooner.",
+        description="Answered records per results part file. The engine is fed "
+        "continuously either way; smaller parts put results on disk sooner.",
     )
     engine: Literal["vllm", "fake"] = Field(
         default="vllm",
