@@ -151,13 +151,14 @@ class VllmEngine:
     @staticmethod
     def _add(engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
         """Queue one request; vLLM's own input checks failing is that record's error."""
+        from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
         try:
             engine.add_request(
                 str(request.key), TokensPrompt(prompt_token_ids=list(request.token_ids)), params
             )
-        except (ValueError, TypeError) as exc:
+        except (VLLMClientError, ValueError, TypeError) as exc:
             return EngineResult(request.key, error=str(exc), prompt_tokens=len(request.token_ids))
         return None
 
