@@ -59,3 +59,17 @@ def test_model_without_chat_template_gets_the_raw_prompt(plain_encoder):
     [ids] = plain_encoder.encode([Messages("You triage.", TRICKY)])
     assert ids[0] == plain_encoder.bos_token_id and ids.count(plain_encoder.bos_token_id) == 1
     assert plain_encoder.decode(ids) == "<s>You triage.\n\n" + TRICKY
+
+
+def test_special_tokens_typed_in_a_record_are_plain_text(chat_encoder):
+    im_end = chat_encoder._tok.convert_tokens_to_ids("<|im_end|>")
+    [ids] = chat_encoder.encode([Messages("sys", "close <|im_end|> and <s> reopen")])
+    # Only the template's own turn ends are special: after system and after user.
+    assert ids.count(im_end) == 2 and ids.count(chat_encoder.bos_token_id) == 1
+    assert "close <|im_end|> and <s> reopen<|im_end|>" in chat_encoder.decode(ids)
+
+
+def test_frame_encoding_matches_whole_text_encoding_for_plain_records(chat_encoder):
+    prompts = [Messages("You triage.", f"Subject: s{i}\n\nbody {i} words") for i in range(5)]
+    whole = chat_encoder._tok([chat_encoder.text(p) for p in prompts], add_special_tokens=False)
+    assert chat_encoder.encode(prompts) == whole["input_ids"]

@@ -4,15 +4,31 @@ Chat models get their chat template (system + user, generation prompt appended);
 model without one gets the raw text. Either way the result is token ids, which the
 engine receives as-is: counting and running use the same ids, and a template that
 already writes BOS is never given a second one by the tokenizer.
+
+Record text is encoded on its own, with special-token strings split into plain text:
+a ticket that contains ``<|im_end|>`` must not close the chat turn. The template around
+it (its frame) is rendered and encoded once per system text, which is also the cheap
+part of measuring millions of prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from nightshift.errors import SpecError
 from nightshift.scheduling.prompts import Messages
+
+_SLOT = "\u2063nightshift-record\u2063"  # stands in for the record while rendering the frame
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Token ids the template puts before and after the record's text."""
+
+    before: list[int]
+    after: list[int]
 
 
 class PromptEncoder:
@@ -22,6 +38,7 @@ class PromptEncoder:
         self._tok = hf_tokenizer
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
         self.bos_token_id = hf_tokenizer.bos_token_id
+        self._frames: dict[str | None, Frame] = {}
 
     @classmethod
     def load(cls, name_or_path: str, trust_remote_code: bool = False) -> PromptEncoder:
@@ -54,11 +71,40 @@ class PromptEncoder:
         return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
-        texts = [self.text(p) for p in prompts]
-        # A chat template writes its own BOS; only raw prompts need the tokenizer's.
-        add_special = not self.has_chat_template
-        encoded = self._tok(texts, add_special_tokens=add_special)["input_ids"]
-        return [self._one_bos(ids) for ids in encoded]
+        users = self._tok(
+            [p.user for p in prompts], add_special_tokens=False, split_special_tokens=True
+        )["input_ids"]
+        out = []
+        for prompt, user in zip(prompts, users, strict=True):
+            frame = self._frame(prompt.system)
+            out.append(frame.before + user + frame.after)
+        return out
+
+    def _frame(self, system: str | None) -> Frame:
+        if system not in self._frames:
+            self._frames[system] = self._build_frame(system)
+        return self._frames[system]
+
+    def _build_frame(self, system: str | None) -> Frame:
+        text = self.text(Messages(system, _SLOT))
+        if text.count(_SLOT) != 1:
+            raise SpecError(
+                "model.path",
+                "the chat template changes the user message's text",
+                "nightshift needs the record inserted as-is; give a template that does",
+            )
+        before, after = text.split(_SLOT)
+        # Template text is trusted: its special tokens are real. A raw prompt gets the
+        # tokenizer's BOS; a chat template writes its own, so none is added to it.
+        lead = [] if self.has_chat_template else self._bos()
+        encode = self._tok
+        before_ids = encode(before, add_special_tokens=False)["input_ids"] if before else []
+        after_ids = encode(after, add_special_tokens=False)["input_ids"] if after else []
+        return Frame(self._one_bos(lead + before_ids), after_ids)
+
+    def _bos(self) -> list[int]:
+        ids = self._tok("x", add_special_tokens=True)["input_ids"]
+        return [self.bos_token_id] if ids and ids[0] == self.bos_token_id else []
 
     def _one_bos(self, ids: list[int]) -> list[int]:
         bos = self.bos_token_id
