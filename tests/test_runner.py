@@ -167,3 +167,18 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(models, ticke
     with pytest.raises(SpecError):
         run_job(validate_spec(bad), engine=FakeEngine(), progress=False, overwrite=True)
     assert (tmp_path / "out" / "report.json").read_text() == before
+
+
+def test_keeping_the_id_column_does_not_duplicate_it(models, ticket_dir, tmp_path):
+    run(
+        models,
+        ticket_dir,
+        tmp_path / "out",
+        input={
+            "path": str(ticket_dir),
+            "id_column": "ticket_id",
+            "keep_columns": ["ticket_id", "subject"],
+        },
+    )
+    results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
+    assert results.columns[:3] == ["ticket_id", "subject", "text"] and len(results) == 120

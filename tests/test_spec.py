@@ -193,3 +193,8 @@ def test_readme_documents_every_spec_key():
     keys += _leaf_keys(ClassifyTask, "task.") + _leaf_keys(ExtractTask, "task.")
     missing = sorted({k for k in keys if k != "task" and f"`{k}`" not in readme})
     assert missing == []
+
+
+def test_kept_columns_may_not_clash_with_output_columns():
+    [err] = errors_for(with_change("input.keep_columns", ["subject", "text"]))
+    assert err.key == "input.keep_columns" and "text would clash" in str(err)

@@ -28,6 +28,7 @@ class ResultTables:
 
     def __init__(self, input_schema: pa.Schema, id_column: str, keep: list[str], task: TaskHandler):
         self.task = task
+        keep = [c for c in keep if c != id_column]  # the id is always the first column
         head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
         task_fields = [pa.field(name, kind) for name, kind in task.columns.items()]
         self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + _COUNTS)

@@ -11,6 +11,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Columns nightshift writes itself; a kept input column may not take one of these names.
+OUTPUT_COLUMNS = frozenset(
+    {
+        "text",
+        "label",
+        "json",
+        "finish_reason",
+        "prompt_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "error",
+        "reason",
+        "reject_kind",
+    }
+)
+
 
 class _Section(BaseModel):
     # strict: "8" is not 8; forbid: a misspelt key is an error, not silently ignored.
@@ -29,6 +45,17 @@ class InputSpec(_Section):
         default_factory=list,
         description="Input columns copied unchanged into every output and reject row.",
     )
+
+    @field_validator("keep_columns")
+    @classmethod
+    def _keep_columns_do_not_clash(cls, columns: list[str]) -> list[str]:
+        clash = sorted(set(columns) & OUTPUT_COLUMNS)
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)} would clash with the output column of that name; "
+                "rename the input column or leave it out"
+            )
+        return list(dict.fromkeys(columns))
 
 
 class PromptSpec(_Section):
