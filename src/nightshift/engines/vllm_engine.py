@@ -94,7 +94,7 @@ class VllmEngine:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> VllmEngine:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep start-up noise down
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep start-up noise off screen
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -148,16 +148,17 @@ class VllmEngine:
             if in_flight and self._llm is not None:  # the caller stopped early
                 engine.abort_request(list(in_flight))
 
-    @staticmethod
-    def _add(engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
+    def _add(self, engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
         """Queue one request; vLLM's own input checks failing is that record's error."""
         from vllm.exceptions import VLLMClientError
         from vllm.inputs import TokensPrompt
 
+        prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+        # Newer vLLM renders prompts before LLMEngine.add_request (raw ones are deprecated);
+        # LLM.generate does the same through this method.
+        render = getattr(self._llm, "_preprocess_cmpl_one", None)
         try:
-            engine.add_request(
-                str(request.key), TokensPrompt(prompt_token_ids=list(request.token_ids)), params
-            )
+            engine.add_request(str(request.key), render(prompt) if render else prompt, params)
         except (VLLMClientError, ValueError, TypeError) as exc:
             return EngineResult(request.key, error=str(exc), prompt_tokens=len(request.token_ids))
         return None
@@ -183,7 +184,7 @@ class VllmEngine:
 
 def _sampling_params(sampling: Sampling):
     from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     structured = None
     if sampling.constraint and sampling.constraint.choice:
@@ -197,6 +198,7 @@ def _sampling_params(sampling: Sampling):
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
         structured_outputs=structured,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # as LLM.generate: no per-step partials
     )
 
 
