@@ -94,28 +94,30 @@ class VllmEngine:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> VllmEngine:
+        """Start vLLM as the spec asks; without FP8 KV where this machine cannot hold it.
+
+        The fallback is never silent: it is logged and kept in ``info.settings``, so it
+        reaches every report.
+        """
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep start-up noise off screen
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
             # The CPU build sizes its KV cache from this variable, in whole GiB.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.engine.cpu_kv_cache_gib))
-        args, notes = engine_arguments(spec), {}
-        reason = fp8_kv_unsupported_reason() if "fp8" in args["kv_cache_dtype"] else None
-        if reason:
-            log.warning(
-                "engine.kv_cache_dtype %s falls back to auto: %s", args["kv_cache_dtype"], reason
-            )
-            notes = {
-                "kv_cache_dtype_requested": args["kv_cache_dtype"],
-                "kv_cache_fallback": reason,
-            }
-            args["kv_cache_dtype"] = "auto"
-        try:
-            return cls(LLM(**args), notes)
-        except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
-            raise EngineError(f"vLLM could not start: {exc}") from exc
+        args = engine_arguments(spec)
+        requested = args["kv_cache_dtype"]
+        reason = fp8_kv_unsupported_reason() if "fp8" in requested else None
+        if reason is None:
+            try:
+                return cls(_start_llm(args))
+            except EngineError as exc:
+                if "fp8" not in requested:
+                    raise
+                reason = f"vLLM did not start with an FP8 KV cache ({exc})"
+        log.warning("engine.kv_cache_dtype %s falls back to auto: %s", requested, reason)
+        notes = {"kv_cache_dtype_requested": requested, "kv_cache_fallback": reason}
+        return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes)
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
         """Feed ``LLMEngine`` a sliding window of requests and yield each as it finishes.
@@ -180,6 +182,15 @@ class VllmEngine:
         if shutdown:
             shutdown()
         self._llm = None
+
+
+def _start_llm(args: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    try:
+        return LLM(**args)
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+        raise EngineError(f"vLLM could not start: {exc}") from exc
 
 
 def _sampling_params(sampling: Sampling):
