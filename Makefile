@@ -1,6 +1,6 @@
 # nightshift: two commands.
 #   make demo   set up .venv, build the demo model and tickets, run configs/classify.yaml
-#   make test   set up .venv, then run the whole test suite
+#   make test   set up .venv, then ruff and the whole test suite
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
@@ -23,6 +23,7 @@ demo: $(DEMO_FILES)
 	@echo "report:  out/classify-tickets/report.json"
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
 setup: $(STAMP)
