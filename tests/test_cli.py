@@ -115,3 +115,64 @@ def test_output_that_holds_a_run(spec_path):
     assert invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q").exit_code == 0
     result = invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q")
     assert_user_error(result, "already holds a run", "--overwrite")
+
+
+def test_input_files_that_disagree_on_types_are_named(models, tmp_path, write_spec):
+    write_records(tmp_path / "in" / "a.parquet", [{"ticket_id": 1, "subject": "s", "body": "b"}])
+    write_records(tmp_path / "in" / "b.parquet", [{"ticket_id": "x", "subject": "s", "body": "b"}])
+    spec = write_spec(spec_dict(models["chat"], tmp_path / "in", tmp_path / "out"))
+    assert_user_error(invoke("jobs", "plan", str(spec)), "input.path", "disagree on column types")
+
+
+def test_a_file_that_is_not_parquet_is_named(models, tmp_path, write_spec):
+    write_records(tmp_path / "in" / "a.parquet", [{"ticket_id": "1", "subject": "s", "body": "b"}])
+    (tmp_path / "in" / "b.parquet").write_text("not parquet")
+    spec = write_spec(spec_dict(models["chat"], tmp_path / "in", tmp_path / "out"))
+    assert_user_error(invoke("jobs", "plan", str(spec)), "b.parquet is not a readable Parquet")
+
+
+def test_a_column_missing_from_one_file_is_a_null_field_reject(models, tmp_path, write_spec):
+    write_records(tmp_path / "in" / "a.parquet", [{"ticket_id": "1", "body": "b"}])
+    write_records(tmp_path / "in" / "b.parquet", [{"ticket_id": "2", "subject": "s", "body": "b"}])
+    spec = write_spec(spec_dict(models["chat"], tmp_path / "in", tmp_path / "out"))
+    result = invoke("jobs", "run", str(spec), "--set", "run.engine=fake", "-q")
+    assert "1 ok, 1 rejected" in result.output, result.output
+
+
+def test_float_ids_are_refused(models, tmp_path, write_spec):
+    write_records(tmp_path / "in.parquet", [{"ticket_id": 1.5, "subject": "s", "body": "b"}])
+    spec = write_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
+    assert_user_error(invoke("jobs", "plan", str(spec)), "input.id_column", "strings or integers")
+
+
+def test_output_inside_the_input_directory_is_not_read_back(models, ticket_dir, write_spec):
+    spec = write_spec(spec_dict(models["chat"], ticket_dir, ticket_dir / "out"))
+    args = ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"]
+    assert "120 ok, 0 rejected" in invoke(*args).output
+    assert "120 ok, 0 rejected" in invoke(*args, "--overwrite").output
+
+
+def test_set_keeps_text_exactly_as_typed(spec_path, tmp_path):
+    from nightshift.jobs.loading import load_spec
+
+    spec = load_spec(spec_path, ["prompt.system=Use label #2 when unsure", "output.path=o #3"])
+    assert spec.prompt.system == "Use label #2 when unsure" and spec.output.path == "o #3"
+
+
+def test_duplicate_keys_and_non_utf8_specs(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: a\nname: b\n")
+    assert_user_error(invoke("jobs", "plan", str(twice)), "name: is given twice")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert_user_error(invoke("jobs", "plan", str(binary)), "not UTF-8")
+
+
+def test_engine_extra_typo_is_caught_before_planning(spec_path):
+    result = invoke("jobs", "run", str(spec_path), "--set", "engine.extra.enforce_eagr=true")
+    assert_user_error(result, "engine.extra.enforce_eagr", "did you mean enforce_eager")
+
+
+def test_an_id_column_named_like_an_output_column_is_refused(spec_path):
+    result = invoke("jobs", "plan", str(spec_path), "--set", "input.id_column=text")
+    assert_user_error(result, "input.id_column", "output column")

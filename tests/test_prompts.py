@@ -73,3 +73,20 @@ def test_frame_encoding_matches_whole_text_encoding_for_plain_records(chat_encod
     prompts = [Messages("You triage.", f"Subject: s{i}\n\nbody {i} words") for i in range(5)]
     whole = chat_encoder._tok([chat_encoder.text(p) for p in prompts], add_special_tokens=False)
     assert chat_encoder.encode(prompts) == whole["input_ids"]
+
+
+def test_a_template_that_refuses_a_system_message_names_prompt_system(models):
+    from transformers import AutoTokenizer
+
+    from nightshift.errors import SpecError
+
+    tok = AutoTokenizer.from_pretrained(str(models["chat"]))
+    tok.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    encoder = PromptEncoder(tok)
+    with pytest.raises(SpecError, match="System role not supported") as caught:
+        encoder.encode([Messages("sys", "hello")])
+    assert caught.value.key == "prompt.system"
+    assert encoder.decode(encoder.encode([Messages(None, "hello")])[0]) == "hello"

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nightshift.engines.fake import FakeEngine
-from nightshift.errors import OutputExistsError
+from nightshift.errors import EngineFatalError, OutputExistsError
 from nightshift.jobs.loading import validate_spec
 from nightshift.jobs.runner import run_job
 
@@ -157,16 +157,42 @@ def test_a_job_with_nothing_runnable_starts_no_engine(models, tmp_path, monkeypa
     assert report["spec"]["input"]["path"] == str(tmp_path / "in.parquet")
 
 
-def test_overwrite_keeps_the_old_run_when_the_new_one_cannot_start(models, ticket_dir, tmp_path):
-    from nightshift.errors import SpecError
+def test_overwrite_keeps_the_old_run_until_the_new_one_finishes(
+    models, ticket_dir, tmp_path, monkeypatch
+):
+    import nightshift.jobs.runner as runner
 
     run(models, ticket_dir, tmp_path / "out")
+    (tmp_path / "out" / "results" / "notes.txt").write_text("mine")
     before = (tmp_path / "out" / "report.json").read_text()
-    bad = spec_dict(models["chat"], ticket_dir, tmp_path / "out")
-    bad["input"]["id_column"] = "no_such_column"
-    with pytest.raises(SpecError):
-        run_job(validate_spec(bad), engine=FakeEngine(), progress=False, overwrite=True)
+
+    class DiesMidRun(FakeEngine):
+        def run(self, requests, sampling):
+            yield from super().run(list(requests)[:5], sampling)
+            raise EngineFatalError("engine died")
+
+    monkeypatch.setattr(runner, "build_engine", lambda spec: DiesMidRun())
+    spec = validate_spec(
+        spec_dict(models["chat"], ticket_dir, tmp_path / "out", run={"chunk_records": 2})
+    )
+    with pytest.raises(EngineFatalError):
+        run_job(spec, progress=False, overwrite=True)
     assert (tmp_path / "out" / "report.json").read_text() == before
+    assert len(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")) == 120
+    # A finished overwrite replaces nightshift's files and nothing else.
+    run_job(spec, engine=FakeEngine(), progress=False, overwrite=True)
+    assert (tmp_path / "out" / "results" / "notes.txt").read_text() == "mine"
+    assert len(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")) == 120
+    assert not (tmp_path / "out" / ".nightshift-staging").exists()
+
+
+def test_output_path_that_is_a_file_is_refused_before_any_work(models, ticket_dir, tmp_path):
+    from nightshift.errors import SpecError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SpecError, match="is a file") as caught:
+        run(models, ticket_dir, tmp_path / "afile")
+    assert caught.value.key == "output.path"
 
 
 def test_keeping_the_id_column_does_not_duplicate_it(models, ticket_dir, tmp_path):

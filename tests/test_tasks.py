@@ -41,7 +41,7 @@ def test_classify_parse_accepts_only_labels():
 def test_extract_parse_validates_and_normalises():
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     handler = handler_for(spec_with(task={"kind": "extract", "schema": schema}).task)
-    assert handler.parse('{ "n" : 3 }', "stop") == {"json": '{"n": 3}'}
+    assert handler.parse('{ "n" : 3 }', "stop") == {"json": '{"n":3}'}
     with pytest.raises(RecordError, match="does not match task.schema"):
         handler.parse('{"n": "three"}', "stop")
     with pytest.raises(RecordError, match="cut off by sampling.max_tokens"):

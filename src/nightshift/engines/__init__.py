@@ -10,6 +10,14 @@ if TYPE_CHECKING:
     from nightshift.jobs.spec import JobSpec
 
 
+def check_engine_spec(spec: JobSpec) -> None:
+    """Checks that need the engine's own package, run before planning so mistakes show early."""
+    if spec.run.engine == "vllm":
+        from nightshift.engines.vllm_engine import check_engine_extra
+
+        check_engine_extra(spec)
+
+
 def _vllm(spec: JobSpec) -> Engine:
     from nightshift.engines.vllm_engine import VllmEngine
 

@@ -41,21 +41,25 @@ class PromptEncoder:
         self._frames: dict[str | None, Frame] = {}
 
     @classmethod
-    def load(cls, name_or_path: str, trust_remote_code: bool = False) -> PromptEncoder:
+    def load(
+        cls, name_or_path: str, trust_remote_code: bool = False, key: str = "model.path"
+    ) -> PromptEncoder:
+        """The tokenizer of a model folder or HF id; ``key`` is the spec key that named it."""
         from transformers import AutoTokenizer
 
         local = Path(name_or_path).expanduser()
         if name_or_path.startswith((".", "/", "~")) and not local.is_dir():
             raise SpecError(
-                "model.path",
+                key,
                 f"model folder {name_or_path} does not exist",
                 "run `nightshift demo init` for the demo model, or give a model folder or HF id",
             )
+        source = str(local) if local.is_dir() else name_or_path
         try:
-            tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
             raise SpecError(
-                "model.path",
+                key,
                 f"cannot load a tokenizer from {name_or_path!r}: {exc}",
                 "give a local model folder or a model id this machine can reach",
             ) from None
@@ -86,7 +90,16 @@ class PromptEncoder:
         return self._frames[system]
 
     def _build_frame(self, system: str | None) -> Frame:
-        text = self.text(Messages(system, _SLOT))
+        from jinja2 import TemplateError
+
+        try:
+            text = self.text(Messages(system, _SLOT))
+        except TemplateError as exc:
+            raise SpecError(
+                "prompt.system" if system else "model.path",
+                f"the model's chat template refused this prompt: {exc}",
+                "remove prompt.system and put that text in prompt.template" if system else "",
+            ) from None
         if text.count(_SLOT) != 1:
             raise SpecError(
                 "model.path",

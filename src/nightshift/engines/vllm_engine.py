@@ -8,6 +8,7 @@ and phase-time counters from ``LLM.get_metrics()``.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -15,7 +16,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.errors import EngineError, EngineFatalError
+from nightshift.errors import EngineError, EngineFatalError, SpecError
 
 if TYPE_CHECKING:
     from nightshift.jobs.spec import JobSpec
@@ -40,8 +41,8 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
     e, m = spec.engine, spec.model
     args: dict[str, Any] = {
-        "model": m.path,
-        "tokenizer": m.tokenizer or m.path,
+        "model": _local_or_id(m.path),
+        "tokenizer": _local_or_id(m.tokenizer or m.path),
         "max_model_len": m.max_model_len,
         "dtype": m.dtype,
         "trust_remote_code": m.trust_remote_code,
@@ -58,6 +59,25 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     }
     args.update(e.extra)
     return args
+
+
+def check_engine_extra(spec: JobSpec) -> None:
+    """Refuse an ``engine.extra`` key vLLM does not know, before any planning or start-up."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for name in spec.engine.extra:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "see vLLM's engine arguments"
+            raise SpecError(f"engine.extra.{name}", "is not a vLLM engine argument", hint)
+
+
+def _local_or_id(name: str) -> str:
+    local = os.path.expanduser(name)
+    return local if os.path.isdir(local) else name
 
 
 def fp8_kv_unsupported_reason() -> str | None:

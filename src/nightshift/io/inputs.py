@@ -1,7 +1,8 @@
 """Find and stream the input Parquet files a spec names.
 
-Input is read in record batches with only the columns the job uses, so memory stays
-bounded by the batch size, not the dataset.
+Input is read in record batches with only the columns the job uses. Every file's schema
+is read up front and unified, so a file that is not Parquet, or that types a column
+differently, is named before any work starts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from nightshift.errors import InputError, SpecError
 
@@ -35,23 +37,34 @@ def filesystem_for(path: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(path).absolute())
 
 
-def input_files(path: str) -> tuple[pafs.FileSystem, list[str]]:
-    """Every Parquet file ``input.path`` names, sorted so the order is reproducible."""
+def input_files(path: str, exclude: Path | None = None) -> tuple[pafs.FileSystem, list[str]]:
+    """Every Parquet file ``input.path`` names, sorted so the order is reproducible.
+
+    Files under ``exclude`` (the job's own output) are never read as input.
+    """
     fs, inner = filesystem_for(path)
-    if any(c in inner for c in _GLOB_CHARS):
-        files = _glob(fs, inner)
-    else:
-        info = fs.get_file_info(inner)
-        if info.type == pafs.FileType.File:
-            files = [inner]
-        elif info.type == pafs.FileType.Directory:
-            found = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
-            files = [f.path for f in found if f.is_file and f.path.endswith(".parquet")]
-        else:
-            raise SpecError("input.path", f"{path} does not exist", "check the path")
+    try:
+        files = _find(fs, inner, path)
+    except OSError as exc:
+        raise InputError(f"input.path: cannot list {path}: {exc}") from None
+    if exclude is not None and isinstance(fs, pafs.LocalFileSystem):
+        skip = str(exclude.absolute()) + os.sep
+        files = [f for f in files if not str(Path(f).absolute()).startswith(skip)]
     if not files:
         raise SpecError("input.path", f"{path} matches no Parquet files", "check the path or glob")
     return fs, sorted(files)
+
+
+def _find(fs: pafs.FileSystem, inner: str, path: str) -> list[str]:
+    if any(c in inner for c in _GLOB_CHARS):
+        return _glob(fs, inner)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.File:
+        return [inner]
+    if info.type == pafs.FileType.Directory:
+        found = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
+        return [f.path for f in found if f.is_file and f.path.endswith(".parquet")]
+    raise SpecError("input.path", f"{path} does not exist", "check the path")
 
 
 def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
@@ -66,12 +79,19 @@ def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
     return [f.path for f in found if f.is_file and fnmatch.fnmatch(f.path, pattern)]
 
 
-def open_input(path: str) -> ds.Dataset:
-    fs, files = input_files(path)
+def open_input(path: str, exclude: Path | None = None) -> ds.Dataset:
+    fs, files = input_files(path, exclude)
+    schemas = []
+    for file in files:
+        try:
+            schemas.append(pq.read_schema(file, filesystem=fs))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"input.path: {file} is not a readable Parquet file: {exc}") from None
     try:
-        return ds.dataset(files, format="parquet", filesystem=fs)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"input.path: cannot read {path} as Parquet: {exc}") from None
+        schema = pa.unify_schemas(schemas)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(f"input.path: the input files disagree on column types: {exc}") from None
+    return ds.dataset(files, schema=schema, format="parquet", filesystem=fs)
 
 
 def check_columns(dataset: ds.Dataset, needed: dict[str, str]) -> None:
@@ -87,7 +107,22 @@ def check_columns(dataset: ds.Dataset, needed: dict[str, str]) -> None:
         )
 
 
+def check_id_type(dataset: ds.Dataset, id_column: str) -> None:
+    kind = dataset.schema.field(id_column).type
+    if not (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+    ):
+        raise SpecError(
+            "input.id_column",
+            f"column {id_column!r} holds {kind}",
+            "ids must be strings or integers",
+        )
+
+
 def read_batches(
     dataset: ds.Dataset, columns: list[str], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    yield from dataset.to_batches(columns=columns, batch_size=batch_rows)
+    try:
+        yield from dataset.to_batches(columns=columns, batch_size=batch_rows)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"input.path: reading the input failed: {exc}") from None

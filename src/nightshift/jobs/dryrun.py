@@ -15,11 +15,14 @@ from nightshift.jobs.tasks import answer_budget
 
 
 def _measured_throughput(spec: JobSpec) -> float | None:
-    """Total tokens/s of the last finished run into the same output, if there is one."""
+    """Total tokens/s of the last real-engine run into the same output, if there is one."""
     report = Path(spec.output.path) / REPORT_FILE
     if spec.output.path.startswith("s3://") or not report.is_file():
         return None
-    return json.loads(report.read_text()).get("throughput", {}).get("total_tokens_per_s") or None
+    last = json.loads(report.read_text())
+    if last.get("engine", {}).get("name") != "vllm":  # a fake run's speed means nothing
+        return None
+    return last.get("throughput", {}).get("total_tokens_per_s") or None
 
 
 def plan_summary(spec: JobSpec, progress: bool = False) -> dict[str, Any]:

@@ -40,11 +40,34 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     return validate_spec(data)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice (YAML would keep the last silently)."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            line = key_node.start_mark.line + 1
+            raise SpecError(str(key), f"is given twice (again at line {line})", "keep one")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise SpecError("", f"job spec {path} does not exist", "check the path")
+        problem = "is a directory" if path.is_dir() else "does not exist"
+        raise SpecError("", f"job spec {path} {problem}", "give the path of a YAML file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except UnicodeDecodeError:
+        raise SpecError("", f"{path} is not UTF-8 text", "save the spec as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -69,10 +92,19 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             where = ".".join(parts[: i + 1])
             raise SpecError(key, f"cannot set inside {where}, which is not a mapping")
         node = child
+    node[parts[-1]] = _override_value(raw)
+
+
+def _override_value(raw: str) -> Any:
+    """YAML-typed (``8`` is a number, ``[a, b]`` a list), but text stays exactly as typed:
+    ``Use label #2`` is not cut at a YAML comment."""
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw)
     except yaml.YAMLError:
-        node[parts[-1]] = raw
+        return raw
+    if isinstance(value, str) or (value is None and raw.strip() not in ("null", "~")):
+        return raw
+    return value
 
 
 def validate_spec(data: dict[str, Any]) -> JobSpec:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from tqdm.auto import tqdm
 
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import RecordError
-from nightshift.io.inputs import check_columns, open_input, read_batches
+from nightshift.io.inputs import check_columns, check_id_type, open_input, read_batches
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.budget import over_length_reason
@@ -63,9 +64,10 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
 
 
 def build_plan(spec: JobSpec, encoder: PromptEncoder, progress: bool = True) -> Plan:
-    dataset = open_input(spec.input.path)
+    dataset = open_input(spec.input.path, exclude=Path(spec.output.path))
     needed = job_columns(spec)
     check_columns(dataset, needed)
+    check_id_type(dataset, spec.input.id_column)
     columns = list(needed)
     plan = Plan(input_schema=pa.schema([dataset.schema.field(c) for c in columns]))
     template = PromptTemplate(spec.prompt.template, spec.prompt.system)

@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from nightshift.engines import build_engine
+from nightshift.engines import build_engine, check_engine_spec
 from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.outputs import OutputDir
@@ -30,7 +30,9 @@ class RunOutcome:
 
 
 def load_encoder(spec: JobSpec) -> PromptEncoder:
-    return PromptEncoder.load(spec.model.tokenizer or spec.model.path, spec.model.trust_remote_code)
+    key = "model.tokenizer" if spec.model.tokenizer else "model.path"
+    source = spec.model.tokenizer or spec.model.path
+    return PromptEncoder.load(source, spec.model.trust_remote_code, key)
 
 
 def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
@@ -46,14 +48,16 @@ def run_job(
     started = time.perf_counter()
     output = OutputDir(spec.output.path)
     output.check_free(overwrite)  # refuse before any work, but delete nothing yet
+    if engine is None:
+        check_engine_spec(spec)
     plan = build_plan(spec, load_encoder(spec), progress)
     planned = time.perf_counter()
     owned = engine is None and bool(plan.records)  # nothing to run: no engine to start
     if owned:
         engine = build_engine(spec)
     engine_ready = time.perf_counter()
-    output.prepare(overwrite)
     try:
+        output.start()
         before = engine.stats() if engine else EngineStats()
         totals = _generate(spec, plan, engine, output, progress)
         stats = _delta(engine.stats(), before) if engine else EngineStats()
@@ -72,7 +76,7 @@ def run_job(
     # The settings that produced these rows travel with them (temperature 0 is not enough
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)
-    output.write_report(report)
+    output.commit(report)
     return RunOutcome(report, output)
 
 

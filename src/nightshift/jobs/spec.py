@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Columns nightshift adds to rejects.parquet beside the input columns the job used.
+REJECT_COLUMNS = frozenset({"reason", "reject_kind"})
 # Columns nightshift writes itself; a kept input column may not take one of these names.
 OUTPUT_COLUMNS = frozenset(
     {
@@ -41,6 +43,16 @@ class InputSpec(_Section):
     id_column: str = Field(
         description="Column holding each record's unique id; results are matched by it."
     )
+
+    @field_validator("id_column")
+    @classmethod
+    def _id_column_does_not_clash(cls, column: str) -> str:
+        if column in OUTPUT_COLUMNS:
+            raise ValueError(
+                f"{column} is also the name of an output column; rename it in the input"
+            )
+        return column
+
     keep_columns: list[str] = Field(
         default_factory=list,
         description="Input columns copied unchanged into every output and reject row.",
@@ -76,6 +88,9 @@ class PromptSpec(_Section):
         fields = template_fields(template)
         if not fields:
             raise ValueError("names no {column}: every record would get the same prompt")
+        clash = sorted(set(fields) & REJECT_COLUMNS)
+        if clash:
+            raise ValueError(f"{', '.join(clash)} is also a column of rejects.parquet; rename it")
         return template
 
 
@@ -156,6 +171,23 @@ class ModelSpec(_Section):
     )
 
 
+# vLLM arguments the spec sets under its own keys; engine.extra may not set them again,
+# or the plan's limits and the engine's would differ.
+SPEC_ENGINE_ARGS = {
+    "model": "model.path",
+    "tokenizer": "model.tokenizer",
+    "max_model_len": "model.max_model_len",
+    "dtype": "model.dtype",
+    "trust_remote_code": "model.trust_remote_code",
+    "kv_cache_dtype": "engine.kv_cache_dtype",
+    "enable_prefix_caching": "engine.enable_prefix_caching",
+    "max_num_seqs": "engine.max_num_seqs",
+    "max_num_batched_tokens": "engine.max_num_batched_tokens",
+    "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "seed": "sampling.seed",
+}
+
+
 class EngineSpec(_Section):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="fp8",
@@ -187,6 +219,14 @@ class EngineSpec(_Section):
         description="Any other vllm.LLM engine argument, passed through unchanged "
         "(for example enforce_eager, num_gpu_blocks_override, tensor_parallel_size).",
     )
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_does_not_repeat_spec_keys(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        for name in extra:
+            if name in SPEC_ENGINE_ARGS:
+                raise ValueError(f"{name} has its own key: set {SPEC_ENGINE_ARGS[name]} instead")
+        return extra
 
 
 class SamplingSpec(_Section):

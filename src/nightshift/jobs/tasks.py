@@ -49,7 +49,8 @@ class ExtractHandler(TaskHandler):
             jsonschema.validate(value, self.constraint.json_schema)
         except jsonschema.ValidationError as exc:
             raise RecordError(f"answer does not match task.schema: {exc.message}") from None
-        return {"json": json.dumps(value, ensure_ascii=False, sort_keys=True)}
+        compact = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        return {"json": compact}
 
 
 def _generate(task: GenerateTask) -> TaskHandler:
