@@ -208,3 +208,12 @@ def test_keeping_the_id_column_does_not_duplicate_it(models, ticket_dir, tmp_pat
     )
     results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
     assert results.columns[:3] == ["ticket_id", "subject", "text"] and len(results) == 120
+
+
+def test_a_job_whose_first_records_all_fail_alike_stops(models, ticket_dir, tmp_path):
+    from nightshift.errors import JobAbortedError
+
+    engine = FakeEngine(fail_when=lambda ids: "schema cannot be compiled")
+    with pytest.raises(JobAbortedError, match="first 50 records all failed with"):
+        run(models, ticket_dir, tmp_path / "out", engine=engine)
+    assert not (tmp_path / "out" / "report.json").exists()

@@ -62,6 +62,10 @@ class RecordError(NightshiftError):
         super().__init__(message)
 
 
+class JobAbortedError(NightshiftError):
+    """The job stopped itself: going on would spend the rest of it failing the same way."""
+
+
 class EngineError(NightshiftError):
     """The engine could not be built or failed while running."""
 

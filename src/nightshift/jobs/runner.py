@@ -15,12 +15,15 @@ from tqdm.auto import tqdm
 from nightshift.engines import build_engine, check_engine_spec
 from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import JobAbortedError
 from nightshift.io.outputs import OutputDir
 from nightshift.jobs.plan import Plan, build_plan
 from nightshift.jobs.report import RunTotals, Timings, build_report
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import TaskHandler, answer_budget, handler_for
+
+FAIL_FAST_RECORDS = 50
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def _generate(
         row, is_ok = tables.row(plan.records[result.key], result)
         (ok if is_ok else failed).append(row)
         totals.count(row, is_ok)
+        _stop_if_everything_fails(totals, failed)
         if len(ok) >= spec.run.chunk_records:
             output.write_part(parts, tables.results_table(ok))
             ok, parts = [], parts + 1
@@ -107,6 +111,19 @@ def _generate(
     output.write_rejects(tables.rejects_table(plan.rejects))
     output.write_failed(tables.failed_table(failed))
     return totals
+
+
+def _stop_if_everything_fails(totals: RunTotals, failed: list[dict]) -> None:
+    """The first records all failing alike means the job is wrong, not the records
+    (for example a JSON schema the engine cannot compile): stop before spending the rest."""
+    if totals.ok or totals.failed != FAIL_FAST_RECORDS:
+        return
+    errors = {row["error"] for row in failed}
+    if len(errors) == 1:
+        raise JobAbortedError(
+            f"the first {FAIL_FAST_RECORDS} records all failed with: {errors.pop()}; "
+            "stopped so the rest of the job is not spent the same way"
+        )
 
 
 def _show_speed(bar: tqdm, totals: RunTotals) -> None:
