@@ -1,4 +1,4 @@
-"""Run one job end to end: plan, start the engine, generate in chunks, write, report.
+"""Run one job end to end: plan, start the engine, stream records through it, commit, report.
 
 The runner owns the order of things and the clock; every step it calls lives in its
 own module (plan, engines, results, io.outputs, report).
