@@ -23,6 +23,12 @@ from nightshift.scheduling.prompts import Messages
 _SLOT = "\u2063nightshift-record\u2063"  # stands in for the record while rendering the frame
 
 
+def model_source(name_or_path: str) -> str:
+    """A local folder (``~`` expanded) if there is one by that name, else the hub id."""
+    local = Path(name_or_path).expanduser()
+    return str(local) if local.is_dir() else name_or_path
+
+
 @dataclass(frozen=True)
 class Frame:
     """Token ids the template puts before and after the record's text."""
@@ -47,14 +53,13 @@ class PromptEncoder:
         """The tokenizer of a model folder or HF id; ``key`` is the spec key that named it."""
         from transformers import AutoTokenizer
 
-        local = Path(name_or_path).expanduser()
-        if name_or_path.startswith((".", "/", "~")) and not local.is_dir():
+        source = model_source(name_or_path)
+        if name_or_path.startswith((".", "/", "~")) and not Path(source).is_dir():
             raise SpecError(
                 key,
                 f"model folder {name_or_path} does not exist",
                 "run `nightshift demo init` for the demo model, or give a model folder or HF id",
             )
-        source = str(local) if local.is_dir() else name_or_path
         try:
             tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:

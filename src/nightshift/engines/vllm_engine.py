@@ -16,6 +16,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineError, EngineFatalError, SpecError
 
 if TYPE_CHECKING:
@@ -41,8 +42,8 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
     e, m = spec.engine, spec.model
     args: dict[str, Any] = {
-        "model": _local_or_id(m.path),
-        "tokenizer": _local_or_id(m.tokenizer or m.path),
+        "model": model_source(m.path),
+        "tokenizer": model_source(m.tokenizer or m.path),
         "max_model_len": m.max_model_len,
         "dtype": m.dtype,
         "trust_remote_code": m.trust_remote_code,
@@ -73,11 +74,6 @@ def check_engine_extra(spec: JobSpec) -> None:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see vLLM's engine arguments"
             raise SpecError(f"engine.extra.{name}", "is not a vLLM engine argument", hint)
-
-
-def _local_or_id(name: str) -> str:
-    local = os.path.expanduser(name)
-    return local if os.path.isdir(local) else name
 
 
 def fp8_kv_unsupported_reason() -> str | None:
