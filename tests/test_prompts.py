@@ -90,3 +90,11 @@ def test_a_template_that_refuses_a_system_message_names_prompt_system(models):
         encoder.encode([Messages("sys", "hello")])
     assert caught.value.key == "prompt.system"
     assert encoder.decode(encoder.encode([Messages(None, "hello")])[0]) == "hello"
+
+
+def test_column_names_with_dots_and_spaces_work_as_written():
+    from nightshift.jobs.spec import template_fields
+
+    assert template_fields("{user.name} asks: {ticket body}") == ["user.name", "ticket body"]
+    template = PromptTemplate("{user.name} asks: {ticket body}")
+    assert template.render({"user.name": "Ada", "ticket body": "hi"}).user == "Ada asks: hi"

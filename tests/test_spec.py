@@ -198,3 +198,8 @@ def test_readme_documents_every_spec_key():
 def test_kept_columns_may_not_clash_with_output_columns():
     [err] = errors_for(with_change("input.keep_columns", ["subject", "text"]))
     assert err.key == "input.keep_columns" and "text would clash" in str(err)
+
+
+def test_empty_placeholder_is_refused():
+    [err] = errors_for(with_change("prompt.template", "Subject: {} {body}"))
+    assert err.key == "prompt.template" and "empty {} placeholder" in str(err)

@@ -105,8 +105,10 @@ def template_fields(template: str) -> list[str]:
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
-        if not name.isidentifier() and not name.replace("-", "_").isidentifier():
-            raise ValueError(f"placeholder {{{name}}} is not a column name")
+        # The template is never passed to str.format, so any column name works as written,
+        # dots and spaces included: {user.name} is the column "user.name".
+        if not name.strip():
+            raise ValueError("has an empty {} placeholder; name a column inside the braces")
         if spec or conversion:
             raise ValueError(f"placeholder {{{name}}} uses a format spec; use a plain {{column}}")
         if name not in names:
