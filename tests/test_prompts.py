@@ -98,3 +98,9 @@ def test_column_names_with_dots_and_spaces_work_as_written():
     assert template_fields("{user.name} asks: {ticket body}") == ["user.name", "ticket body"]
     template = PromptTemplate("{user.name} asks: {ticket body}")
     assert template.render({"user.name": "Ada", "ticket body": "hi"}).user == "Ada asks: hi"
+
+
+def test_nested_and_binary_values_become_readable_text():
+    template = PromptTemplate("{meta} / {raw}")
+    rendered = template.render({"meta": {"tier": "pro", "tags": ["a", "é"]}, "raw": b"caf\xc3\xa9"})
+    assert rendered.user == '{"tier": "pro", "tags": ["a", "é"]} / café'

@@ -7,6 +7,7 @@ parsed once and filled by concatenation, never by ``str.format`` on user data or
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,5 +48,16 @@ class PromptTemplate:
             value = record[name]
             if value is None:
                 raise RecordError(f"field {name!r} is null", "null_field")
-            out.append(value if isinstance(value, str) else str(value))
+            out.append(as_text(value))
         return Messages(self.system, "".join(out))
+
+
+def as_text(value: Any) -> str:
+    """A column value as prompt text: nested values as JSON, bytes as UTF-8."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
