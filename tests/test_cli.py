@@ -176,3 +176,9 @@ def test_engine_extra_typo_is_caught_before_planning(spec_path):
 def test_an_id_column_named_like_an_output_column_is_refused(spec_path):
     result = invoke("jobs", "plan", str(spec_path), "--set", "input.id_column=text")
     assert_user_error(result, "input.id_column", "output column")
+
+
+def test_plan_does_not_project_from_a_fake_engine_run(spec_path):
+    assert invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q").exit_code == 0
+    result = invoke("jobs", "plan", str(spec_path))
+    assert "projected cost: unknown" in result.output, result.output
