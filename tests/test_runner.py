@@ -52,6 +52,8 @@ def test_bad_records_are_set_aside_with_reasons(models, messy_input, tmp_path):
     }
     too_long = rejects.filter(pl.col("ticket_id") == "too-long")["reason"][0]
     assert "exceeds model.max_model_len 2048" in too_long
+    duplicate = rejects.filter(pl.col("reject_kind") == "duplicate_id")["reason"][0]
+    assert duplicate == "duplicate ticket_id: an earlier record has it"
     # Rejects keep the input columns the job used, so they can be fixed and rerun.
     assert set(rejects.columns) >= {"ticket_id", "subject", "body", "reason"}
     records = outcome.report["records"]

@@ -94,7 +94,7 @@ def _render(
                 raise RecordError(f"{id_column} is null", "null_id")
             if record_id in seen:
                 raise RecordError(
-                    f"duplicate {id_column}: only its first record runs", "duplicate_id"
+                    f"duplicate {id_column}: an earlier record has it", "duplicate_id"
                 )
             seen.add(record_id)
             yield row, template.render(row)

@@ -67,12 +67,13 @@ class Timings:
     generate: float
 
 
-def _per_s(amount: float, seconds: float) -> float:
-    return amount / seconds if seconds > 0 else 0.0
+def _ratio(part: float, whole: float) -> float:
+    """part / whole, and 0 for an empty whole (a run with no tokens costs 0 per token)."""
+    return part / whole if whole > 0 else 0.0
 
 
 def _per_million(usd: float, tokens: int) -> float:
-    return usd / tokens * 1e6 if tokens else 0.0
+    return _ratio(usd, tokens) * 1e6
 
 
 def prefill_share(stats: EngineStats, prompt_tokens: int, output_tokens: int) -> float:
@@ -80,8 +81,7 @@ def prefill_share(stats: EngineStats, prompt_tokens: int, output_tokens: int) ->
     phase = stats.prefill_seconds + stats.decode_seconds
     if phase > 0:
         return stats.prefill_seconds / phase
-    tokens = prompt_tokens + output_tokens
-    return prompt_tokens / tokens if tokens else 0.0
+    return _ratio(prompt_tokens, prompt_tokens + output_tokens)
 
 
 def cost_section(cost: CostSpec, wall_s: float, totals: RunTotals, share: float) -> dict:
@@ -106,7 +106,7 @@ def hit_rate(stats: EngineStats, totals: RunTotals) -> float:
     """The engine's own prefix-cache hit rate (hits / queries, in tokens)."""
     if stats.prefix_cache_queries:
         return stats.prefix_cache_hits / stats.prefix_cache_queries
-    return _per_s(totals.prompt_tokens_cached, totals.prompt_tokens)
+    return _ratio(totals.prompt_tokens_cached, totals.prompt_tokens)
 
 
 def build_report(
@@ -140,9 +140,9 @@ def build_report(
             "generate": times.generate,
         },
         "throughput": {
-            "output_tokens_per_s": _per_s(totals.output_tokens, times.generate),
-            "total_tokens_per_s": _per_s(all_tokens, times.generate),
-            "records_per_s": _per_s(totals.ok + totals.failed, times.generate),
+            "output_tokens_per_s": _ratio(totals.output_tokens, times.generate),
+            "total_tokens_per_s": _ratio(all_tokens, times.generate),
+            "records_per_s": _ratio(totals.ok + totals.failed, times.generate),
         },
         "cost": cost_section(cost, times.total, totals, share),
         "prefix_cache_hit_rate": hit_rate(stats, totals),
