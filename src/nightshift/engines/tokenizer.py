@@ -13,6 +13,7 @@ part of measuring millions of prompts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from nightshift.errors import SpecError
 from nightshift.scheduling.prompts import Messages
 
 _SLOT = "\u2063nightshift-record\u2063"  # stands in for the record while rendering the frame
+_CACHE_TEXTS = 50_000  # distinct shared segments (documents, few-shot blocks) kept encoded
 
 
 def model_source(name_or_path: str) -> str:
@@ -45,6 +47,8 @@ class PromptEncoder:
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
         self.bos_token_id = hf_tokenizer.bos_token_id
         self._frames: dict[str | None, Frame] = {}
+        self._segments: dict[str, list[int]] = {}
+        self.composes = self._segments_compose()
 
     @classmethod
     def load(
@@ -80,14 +84,57 @@ class PromptEncoder:
         return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
-        users = self._tok(
-            [p.user for p in prompts], add_special_tokens=False, split_special_tokens=True
-        )["input_ids"]
-        out = []
-        for prompt, user in zip(prompts, users, strict=True):
-            frame = self._frame(prompt.system)
-            out.append(frame.before + user + frame.after)
-        return out
+        """Whole prompts, each user text as one segment."""
+        return [self.encode_records(p.system, "", [[p.user]])[0] for p in prompts]
+
+    def encode_records(
+        self, system: str | None, head: str, records: Sequence[Sequence[str]]
+    ) -> list[list[int]]:
+        """Token ids of prompts made of the static ``head`` and each record's segments.
+
+        Segments are encoded one by one and joined, so records that share their first
+        segments share exactly those leading token ids, which is what the prefix cache
+        matches on. Repeated segments (the same document, many questions) are encoded once.
+        """
+        frame = self._frame(system)
+        if not records:
+            return []
+        if not self.composes:  # this tokenizer changes text at a seam: encode it whole
+            users = self.encode_texts([head + "".join(segments) for segments in records])
+            return [frame.before + user + frame.after for user in users]
+        start = frame.before + self.encode_shared([head])[0]
+        columns = list(zip(*records, strict=True))
+        parts = [self.encode_shared(column) for column in columns[:-1]]
+        parts.append(self.encode_texts(columns[-1]))
+        return [list(itertools.chain(start, *row, frame.after)) for row in zip(*parts, strict=True)]
+
+    def prompt_overhead(self, system: str | None, head: str) -> tuple[int, int]:
+        """Tokens every prompt has before its first segment and after its last."""
+        frame = self._frame(system)
+        return len(frame.before) + len(self.encode_shared([head])[0]), len(frame.after)
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Record text as plain text: special-token strings in it are split, never obeyed."""
+        if not texts:
+            return []
+        batch = self._tok(list(texts), add_special_tokens=False, split_special_tokens=True)
+        return batch["input_ids"]
+
+    def encode_shared(self, texts: Sequence[str]) -> list[list[int]]:
+        """Like ``encode_texts``, remembering texts that repeat across records."""
+        cache = self._segments
+        missing = list(dict.fromkeys(t for t in texts if t not in cache))
+        if len(cache) + len(missing) > _CACHE_TEXTS:
+            cache.clear()  # bounded memory: unique texts would otherwise pile up
+        cache.update(zip(missing, self.encode_texts(missing), strict=True))
+        return [cache[t] for t in texts]
+
+    def _segments_compose(self) -> bool:
+        """Whether encoding text in pieces gives back the same text (it does for byte-level
+        BPE; SentencePiece's dummy prefix space would add a space at every seam)."""
+        pieces = ["Subject: a\n\n", "first words", " and more"]
+        ids = itertools.chain.from_iterable(self.encode_texts(pieces))
+        return self._tok.decode(list(ids), skip_special_tokens=True) == "".join(pieces)
 
     def _frame(self, system: str | None) -> Frame:
         if system not in self._frames:

@@ -58,6 +58,8 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
         # and a small model can otherwise spend its whole budget on it.
         "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
+    if e.block_size is not None:
+        args["block_size"] = e.block_size
     args.update(e.extra)
     return args
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from nightshift.errors import InputError, SpecError
 
 _GLOB_CHARS = set("*?[")
+READ_BATCH = 32_768  # records per input batch: big enough to vectorise, small enough to hold
 
 
 def filesystem_for(path: str) -> tuple[pafs.FileSystem, str]:
@@ -126,3 +127,14 @@ def read_batches(
         yield from dataset.to_batches(columns=columns, batch_size=batch_rows)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"input.path: reading the input failed: {exc}") from None
+
+
+def file_batches(
+    dataset: ds.FileSystemDataset, index: int, columns: list[str], batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """The batches of the dataset's ``index``-th file, in row order, typed as the dataset
+    types them (files may differ in promotable types)."""
+    one = ds.dataset(
+        dataset.files[index], schema=dataset.schema, format="parquet", filesystem=dataset.filesystem
+    )
+    yield from read_batches(one, columns, batch_rows)

@@ -65,10 +65,14 @@ def plan(
     spec: Path = SPEC,
     overrides: list[str] = SET,
     as_json: bool = typer.Option(False, "--json", help="Print the plan summary as JSON."),
+    write: bool = typer.Option(
+        False, "--write", help="Also write the plan (shard files) to OUTPUT/plan/, as a run would."
+    ),
 ) -> None:
-    """Dry run, no engine: records, prompt tokens, over-length records, projected cost."""
+    """Dry run, no engine: records, prompt tokens, over-length records, shards, predicted
+    prefix reuse in planned and input order, projected cost."""
     from nightshift.jobs.dryrun import plan_summary, summary_text
     from nightshift.jobs.loading import load_spec
 
-    summary = plan_summary(load_spec(spec, overrides), progress=sys.stderr.isatty())
+    summary = plan_summary(load_spec(spec, overrides), progress=sys.stderr.isatty(), write=write)
     typer.echo(json.dumps(summary, indent=2) if as_json else summary_text(summary))

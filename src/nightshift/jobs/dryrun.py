@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from nightshift.io.outputs import REPORT_FILE
-from nightshift.jobs.plan import build_plan
+from nightshift.io.outputs import REPORT_FILE, OutputDir
+from nightshift.io.planstore import PlanStore
+from nightshift.jobs.plan import build_plan, describe
 from nightshift.jobs.runner import load_encoder
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import answer_budget
 
 
 def _measured_throughput(spec: JobSpec) -> float | None:
@@ -25,27 +24,17 @@ def _measured_throughput(spec: JobSpec) -> float | None:
     return last.get("throughput", {}).get("total_tokens_per_s") or None
 
 
-def plan_summary(spec: JobSpec, progress: bool = False) -> dict[str, Any]:
+def plan_summary(spec: JobSpec, progress: bool = False, write: bool = False) -> dict[str, Any]:
+    """The plan in numbers and a cost projection; ``write`` also writes the plan next to
+    the output, as a run would before generating."""
     plan = build_plan(spec, load_encoder(spec), progress)
-    prompt_tokens = plan.prompt_tokens
-    output_bound = len(plan.records) * answer_budget(spec)
-    kinds = Counter(r.kind for r in plan.rejects)
-    summary: dict[str, Any] = {
-        "job": spec.name,
-        "records": {
-            "input": plan.input_records,
-            "runnable": len(plan.records),
-            "rejected": len(plan.rejects),
-            "over_length": kinds["over_length"],
-        },
-        "rejects_by_kind": dict(kinds.most_common()),
-        "tokens": {
-            "prompt": prompt_tokens,
-            "output_at_most": output_bound,
-            "prompt_max": max((len(r.token_ids) for r in plan.records), default=0),
-        },
-    }
-    summary["projection"] = _projection(spec, prompt_tokens + output_bound)
+    summary = describe(plan, spec)
+    if write:
+        output = OutputDir(spec.output.path)
+        output.check_free(overwrite=True)  # writing a plan replaces no results
+        summary["written_to"] = str(PlanStore(output.root).write(plan, summary))
+    t = summary["tokens"]
+    summary["projection"] = _projection(spec, t["prompt"] + t["output_at_most"])
     return summary
 
 
@@ -68,13 +57,21 @@ def _projection(spec: JobSpec, tokens: int) -> dict[str, Any]:
 
 def summary_text(summary: dict[str, Any]) -> str:
     r, t, p = summary["records"], summary["tokens"], summary["projection"]
+    shards, reuse = summary["shards"], summary["prefix_reuse"]
     lines = [
         f"{summary['job']}: {r['input']:,} records, {r['runnable']:,} runnable, "
         f"{r['rejected']:,} rejected ({r['over_length']:,} over length)",
-        f"prompt tokens: {t['prompt']:,} (longest {t['prompt_max']:,}); "
+        f"prompt tokens: {t['prompt']:,} (longest {t['prompt_max']:,}; "
+        f"{t['counted_exactly_records']:,} records counted exactly, the rest estimated); "
         f"output tokens at most {t['output_at_most']:,}",
     ]
     lines += [f"  rejected: {n:,} x {reason}" for reason, n in summary["rejects_by_kind"].items()]
+    lines += [
+        f"shards: {shards['count']:,} (largest {shards['records_max']:,} records, "
+        f"{shards['prompt_tokens_max']:,} prompt tokens)",
+        f"prefix reuse (share of prompt tokens served from cache, {reuse['block_size']}-token "
+        f"blocks): planned order {reuse['predicted']:.1%}, input order {reuse['input_order']:.1%}",
+    ]
     if "usd" in p:
         lines.append(
             f"projected: {p['generate_hours'] * 3600:,.0f}s generating at "
@@ -82,4 +79,6 @@ def summary_text(summary: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"projected cost: unknown; {p['note']}")
+    if "written_to" in summary:
+        lines.append(f"plan written to {summary['written_to']}")
     return "\n".join(lines)

@@ -1,56 +1,68 @@
-"""Plan a job: read every record, render and measure its prompt, set aside what cannot run.
+"""Plan a job: measure every record, set aside what cannot run, order the rest, cut shards.
 
-The plan holds each runnable record's token ids, so the engine runs exactly the tokens
-that were counted here. Records that cannot run are kept as rejects with their reason.
+The input is streamed in batches and only small per-record keys are kept (where the
+record is, its id, prompt tokens and prefix hashes), never its text, so memory grows by
+tens of bytes per record. Ordering and shard cutting are in ``scheduling``; writing the
+plan next to the output is in ``io.planstore``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
+import pyarrow.dataset as ds
 from tqdm.auto import tqdm
 
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import RecordError
-from nightshift.io.inputs import check_columns, check_id_type, open_input, read_batches
+from nightshift.io.inputs import (
+    READ_BATCH,
+    check_columns,
+    check_id_type,
+    file_batches,
+    open_input,
+)
+from nightshift.jobs.kvcache import block_size, kv_cache_tokens
+from nightshift.jobs.measure import RecordMeasurer
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
-from nightshift.scheduling.budget import over_length_reason
-from nightshift.scheduling.prompts import Messages, PromptTemplate
+from nightshift.scheduling.order import cut_shards, level_names, order_records
+from nightshift.scheduling.reuse import predicted_cached, reuse_share
 
-_READ_BATCH = 2048
-
-
-@dataclass(frozen=True)
-class PlannedRecord:
-    key: int  # position in the plan; the engine hands it back with the result
-    record_id: Any
-    kept: dict[str, Any]
-    token_ids: list[int]
-
-
-@dataclass(frozen=True)
-class Reject:
-    record_id: Any
-    row: dict[str, Any]  # the input columns the job used, so a reject can be fixed and rerun
-    reason: str
-    kind: str
+RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact"]
 
 
 @dataclass
 class Plan:
-    input_schema: pa.Schema  # the id, kept and template columns, as the input types them
-    input_records: int = 0
-    records: list[PlannedRecord] = field(default_factory=list)
-    rejects: list[Reject] = field(default_factory=list)
+    """Everything the run needs to know before it starts, and nothing per-record but keys."""
+
+    dataset: ds.FileSystemDataset  # the input files, in the order _file numbers them
+    columns: list[str]  # the input columns the job uses (id, kept, template)
+    input_records: int
+    records: pl.DataFrame  # runnable records in run order: RECORD_KEYS + predicted_cached
+    rejects: pl.DataFrame  # _file, _row, record_id, reject_kind, reason
+    prefix_reuse: dict[str, Any]
+    exact_records: int  # records whose tokens were counted, not estimated
 
     @property
-    def prompt_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.records)
+    def input_schema(self) -> pa.Schema:
+        return pa.schema([self.dataset.schema.field(c) for c in self.columns])
+
+    @property
+    def shard_count(self) -> int:
+        return int(self.records["shard"].max()) + 1 if self.records.height else 0
+
+    def shard_summaries(self) -> list[dict[str, int]]:
+        summary = self.records.group_by("shard", maintain_order=True).agg(
+            pl.len().alias("records"),
+            pl.col("tokens").sum().alias("prompt_tokens"),
+            pl.col("predicted_cached").sum().alias("predicted_cached"),
+        )
+        return summary.rename({"shard": "index"}).to_dicts()
 
 
 def job_columns(spec: JobSpec) -> dict[str, str]:
@@ -63,55 +75,121 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
     return needed
 
 
-def build_plan(spec: JobSpec, encoder: PromptEncoder, progress: bool = True) -> Plan:
+def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
     dataset = open_input(spec.input.path, exclude=Path(spec.output.path))
     needed = job_columns(spec)
     check_columns(dataset, needed)
     check_id_type(dataset, spec.input.id_column)
-    columns = list(needed)
-    plan = Plan(input_schema=pa.schema([dataset.schema.field(c) for c in columns]))
-    template = PromptTemplate(spec.prompt.template, spec.prompt.system)
-    seen: set[Any] = set()
+    return dataset, list(needed)
+
+
+def build_plan(spec: JobSpec, encoder: PromptEncoder, progress: bool = True) -> Plan:
+    dataset, columns = open_job_input(spec)
+    measurer = RecordMeasurer(spec, encoder)
+    keys = _measure_input(dataset, columns, measurer, progress)
+    keys = _reject_duplicate_ids(keys, spec.input.id_column)
+    runnable = keys.filter(pl.col("reject_kind").is_null())
+    levels, block = measurer.levels, block_size(spec)
+    ordered = order_records(runnable, levels, block)
+    ordered = cut_shards(ordered, levels, spec.plan.shard_records, spec.plan.shard_tokens)
+    window = _cache_window(spec, runnable)
+    ordered = ordered.with_columns(predicted_cached(ordered, levels, block, window, by="shard"))
+    input_order = predicted_cached(runnable, levels, block, window)
+    reuse = {
+        "predicted": reuse_share(ordered["predicted_cached"], ordered["tokens"]),
+        "input_order": reuse_share(input_order, runnable["tokens"]),
+        "block_size": block,
+        "cache_window_records": window,
+    }
+    rejects = keys.filter(pl.col("reject_kind").is_not_null())
+    return Plan(
+        dataset=dataset,
+        columns=columns,
+        input_records=keys.height,
+        records=ordered.select([*RECORD_KEYS, "predicted_cached"]),
+        rejects=rejects.select("_file", "_row", "record_id", "reject_kind", "reason"),
+        prefix_reuse=reuse,
+        exact_records=measurer.exact_records,
+    )
+
+
+def _measure_input(
+    dataset: ds.FileSystemDataset, columns: list[str], measurer: RecordMeasurer, progress: bool
+) -> pl.DataFrame:
+    """Pass over every input file once, in order, keeping only each record's keys."""
+    hashes, prefixes = level_names(measurer.levels)
+    parts = []
     bar = tqdm(total=dataset.count_rows(), desc="plan", unit="rec", disable=not progress)
-    for batch in read_batches(dataset, columns, _READ_BATCH):
-        rows = batch.to_pylist()
-        plan.input_records += len(rows)
-        runnable = list(_render(rows, spec, template, seen, plan.rejects))
-        _measure(runnable, spec, encoder, plan)
-        bar.update(len(rows))
+    for index in range(len(dataset.files)):
+        row = 0
+        for batch in file_batches(dataset, index, columns, READ_BATCH):
+            frame = pl.from_arrow(pa.Table.from_batches([batch])).with_columns(
+                pl.lit(index, dtype=pl.UInt32).alias("_file"),
+                pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row"),
+            )
+            parts.append(measurer.measure(frame))
+            row += batch.num_rows
+            bar.update(batch.num_rows)
     bar.close()
-    return plan
+    empty = {"_file": pl.UInt32, "_row": pl.UInt32, "reject_kind": pl.String}
+    keys = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema=empty)
+    # A batch with no runnable record has no prefix or token columns: type them anyway.
+    types = {h: pl.UInt64 for h in hashes} | {p: pl.Int64 for p in prefixes}
+    types |= {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
+    types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
+    missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
+    return keys.with_columns(missing)
 
 
-def _render(
-    rows: list[dict], spec: JobSpec, template: PromptTemplate, seen: set, rejects: list[Reject]
-) -> Iterator[tuple[dict, Messages]]:
-    id_column = spec.input.id_column
-    for row in rows:
-        record_id = row[id_column]
-        try:
-            if record_id is None:
-                raise RecordError(f"{id_column} is null", "null_id")
-            if record_id in seen:
-                raise RecordError(
-                    f"duplicate {id_column}: an earlier record has it", "duplicate_id"
-                )
-            seen.add(record_id)
-            yield row, template.render(row)
-        except RecordError as exc:
-            rejects.append(Reject(record_id, row, str(exc), exc.kind))
+def _reject_duplicate_ids(keys: pl.DataFrame, id_column: str) -> pl.DataFrame:
+    """A repeated id is rejected on every record after its first (in input order)."""
+    repeated = pl.col("record_id").is_not_null() & ~pl.col("record_id").is_first_distinct()
+    reason = f"duplicate {id_column}: an earlier record has it"
+    return keys.with_columns(
+        pl.when(repeated)
+        .then(pl.lit("duplicate_id"))
+        .otherwise("reject_kind")
+        .alias("reject_kind"),
+        pl.when(repeated).then(pl.lit(reason)).otherwise("reason").alias("reason"),
+    )
 
 
-def _measure(runnable: list[tuple[dict, Messages]], spec: JobSpec, encoder, plan: Plan) -> None:
-    if not runnable:
-        return
-    id_column, keep = spec.input.id_column, spec.input.keep_columns
-    budget = answer_budget(spec)
-    all_ids = encoder.encode([messages for _, messages in runnable])
-    for (row, _), token_ids in zip(runnable, all_ids, strict=True):
-        reason = over_length_reason(len(token_ids), budget, spec.model.max_model_len)
-        if reason:
-            plan.rejects.append(Reject(row[id_column], row, reason, "over_length"))
-            continue
-        kept = {col: row[col] for col in keep}
-        plan.records.append(PlannedRecord(len(plan.records), row[id_column], kept, token_ids))
+def _cache_window(spec: JobSpec, runnable: pl.DataFrame) -> int:
+    """How many recent prompts the KV cache holds: its tokens over the mean prompt."""
+    capacity = kv_cache_tokens(spec)
+    mean = runnable["tokens"].mean() if runnable.height else None
+    if capacity is None or not mean:
+        return spec.engine.max_num_seqs  # at least the running batch stays resident
+    return max(1, int(capacity // mean))
+
+
+def describe(plan: Plan, spec: JobSpec) -> dict[str, Any]:
+    """The plan in numbers, as `jobs plan` prints it and plan.json stores it."""
+    kinds = dict(Counter(plan.rejects["reject_kind"].to_list()).most_common())
+    tokens = plan.records["tokens"]
+    shards = plan.shard_summaries()
+    return {
+        "job": spec.name,
+        "records": {
+            "input": plan.input_records,
+            "runnable": plan.records.height,
+            "rejected": plan.rejects.height,
+            "over_length": kinds.get("over_length", 0),
+        },
+        "rejects_by_kind": kinds,
+        "tokens": {
+            "prompt": int(tokens.sum()),
+            "prompt_max": int(tokens.max() or 0),
+            "output_at_most": plan.records.height * answer_budget(spec),
+            "counted_exactly_records": plan.exact_records,
+            "note": "prompt tokens are counted exactly for shared prefixes and records near "
+            "the context limit, and estimated from bytes for the rest",
+        },
+        "shards": {
+            "count": len(shards),
+            "records_max": max((s["records"] for s in shards), default=0),
+            "prompt_tokens_max": max((s["prompt_tokens"] for s in shards), default=0),
+            "each": shards,
+        },
+        "prefix_reuse": plan.prefix_reuse,
+    }

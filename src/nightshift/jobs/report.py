@@ -174,10 +174,33 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"of {r['input']:,} records",
         f"tokens: {t['prompt']:,} prompt ({t['prompt_cached']:,} cached, hit rate "
         f"{report['prefix_cache_hit_rate']:.1%}), {t['output']:,} output",
+        *_reuse_line(report.get("prefix_reuse")),
         f"time: {s['total']:.1f}s total ({s['plan']:.1f}s plan, {s['engine_startup']:.1f}s "
         f"engine start, {s['generate']:.1f}s generate); "
         f"{report['throughput']['total_tokens_per_s']:,.0f} tokens/s",
         f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
         f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
         f"output: {output}",
+    ]
+
+
+def prefix_reuse_section(planned: dict[str, Any], totals: RunTotals) -> dict[str, Any]:
+    """What the plan predicted the prefix cache would serve, beside what it served."""
+    return {
+        "predicted": planned["predicted"],
+        "measured": _ratio(totals.prompt_tokens_cached, totals.prompt_tokens),
+        "input_order_predicted": planned["input_order"],
+        "block_size": planned["block_size"],
+        "note": "share of prompt tokens served from the prefix cache; measured = "
+        "tokens.prompt_cached / tokens.prompt",
+    }
+
+
+def _reuse_line(reuse: dict[str, Any] | None) -> list[str]:
+    if not reuse:
+        return []
+    return [
+        f"prefix reuse: {reuse['measured']:.1%} of prompt tokens from cache "
+        f"(plan predicted {reuse['predicted']:.1%}; "
+        f"input order {reuse['input_order_predicted']:.1%})"
     ]

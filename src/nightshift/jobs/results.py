@@ -6,13 +6,12 @@ part file of a run has the same schema and the parts read as one dataset.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from nightshift.engines.base import EngineResult
 from nightshift.errors import RecordError
-from nightshift.jobs.plan import PlannedRecord, Reject
 from nightshift.jobs.tasks import TaskHandler
 
 _COUNTS = [
@@ -41,11 +40,11 @@ class ResultTables:
         )
         self._id_column = id_column
 
-    def row(self, record: PlannedRecord, result: EngineResult) -> tuple[dict, bool]:
+    def row(self, record_id: Any, kept: dict[str, Any], result: EngineResult) -> tuple[dict, bool]:
         """The output row for one record, and whether it is ok (else it is failed)."""
         row = {
-            self._id_column: record.record_id,
-            **record.kept,
+            self._id_column: record_id,
+            **kept,
             "text": result.text,
             "finish_reason": result.finish_reason,
             "prompt_tokens": result.prompt_tokens,
@@ -65,6 +64,6 @@ class ResultTables:
     def failed_table(self, rows: list[dict]) -> pa.Table:
         return pa.Table.from_pylist(rows, schema=self.failed)
 
-    def rejects_table(self, rejects: Sequence[Reject]) -> pa.Table:
-        rows = [{**r.row, "reason": r.reason, "reject_kind": r.kind} for r in rejects]
-        return pa.Table.from_pylist(rows, schema=self.rejects)
+    def rejects_table(self, rejects: pa.Table) -> pa.Table:
+        """The plan's rejects (input columns, reason, reject_kind) in this job's schema."""
+        return rejects.select(self.rejects.names).cast(self.rejects)

@@ -1,15 +1,19 @@
 """Run one job end to end: plan, start the engine, stream records through it, commit, report.
 
 The runner owns the order of things and the clock; every step it calls lives in its
-own module (plan, engines, results, io.outputs, report).
+own module (plan, engines, results, io.outputs, report). Records reach the engine in
+the plan's order, shard after shard, read from the plan's shard files.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import polars as pl
+import pyarrow as pa
 from tqdm.auto import tqdm
 
 from nightshift.engines import build_engine, check_engine_spec
@@ -17,13 +21,17 @@ from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import JobAbortedError
 from nightshift.io.outputs import OutputDir
-from nightshift.jobs.plan import Plan, build_plan
-from nightshift.jobs.report import RunTotals, Timings, build_report
+from nightshift.io.planstore import PlanStore
+from nightshift.jobs.plan import Plan, build_plan, describe
+from nightshift.jobs.prefetch import prefetch
+from nightshift.jobs.report import RunTotals, Timings, build_report, prefix_reuse_section
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import TaskHandler, answer_budget, handler_for
+from nightshift.scheduling.prompts import PromptTemplate
 
 FAIL_FAST_RECORDS = 50
+REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
 
 
 @dataclass(frozen=True)
@@ -53,16 +61,19 @@ def run_job(
     output.check_free(overwrite)  # refuse before any work, but delete nothing yet
     if engine is None:
         check_engine_spec(spec)
-    plan = build_plan(spec, load_encoder(spec), progress)
+    encoder = load_encoder(spec)
+    plan = build_plan(spec, encoder, progress)
+    store = PlanStore(output.root)
+    store.write(plan, describe(plan, spec))  # before generation: the run follows it
     planned = time.perf_counter()
-    owned = engine is None and bool(plan.records)  # nothing to run: no engine to start
+    owned = engine is None and plan.records.height > 0  # nothing to run: no engine to start
     if owned:
         engine = build_engine(spec)
     engine_ready = time.perf_counter()
     try:
         output.start()
         before = engine.stats() if engine else EngineStats()
-        totals = _generate(spec, plan, engine, output, progress)
+        totals = _generate(spec, plan, _Feed(spec, store, encoder), engine, output, progress)
         stats = _delta(engine.stats(), before) if engine else EngineStats()
     finally:
         if owned:
@@ -76,6 +87,8 @@ def run_job(
     )
     info = engine.info if engine else None
     report = build_report(spec.name, totals, times, stats, info, spec.cost)
+    report["prefix_reuse"] = prefix_reuse_section(plan.prefix_reuse, totals)
+    report["plan"] = {"path": str(store.root), "shards": plan.shard_count}
     # The settings that produced these rows travel with them (temperature 0 is not enough
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)
@@ -83,19 +96,60 @@ def run_job(
     return RunOutcome(report, output)
 
 
+class _Feed:
+    """The plan's records as engine requests, in run order, remembering each one's id and
+    kept columns until its result comes back."""
+
+    def __init__(self, spec: JobSpec, store: PlanStore, encoder: PromptEncoder) -> None:
+        self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
+        self.store, self.encoder = store, encoder
+        self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
+        self.in_flight: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def requests(self, shards: int) -> Iterator[EngineRequest]:
+        # Rendering and encoding run a few batches ahead in a thread (the tokenizer
+        # releases the GIL), so the engine never waits on them.
+        for batch in prefetch(self._batches(shards), depth=4):
+            yield from batch
+
+    def _batches(self, shards: int) -> Iterator[list[EngineRequest]]:
+        for shard in range(shards):
+            for batch in self.store.shard_batches(shard, REQUEST_BATCH):
+                yield self._encode(pl.from_arrow(pa.Table.from_batches([batch])))
+
+    def _encode(self, records: pl.DataFrame) -> list[EngineRequest]:
+        segments = [s.to_list() for s in self.template.segment_texts(records)]
+        token_ids = self.encoder.encode_records(
+            self.template.system, self.template.head, list(zip(*segments, strict=True))
+        )
+        kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
+        ids = records[self.id_column].to_list()
+        positions = records["position"].to_list()
+        for position, record_id, row in zip(positions, ids, kept, strict=True):
+            self.in_flight[position] = (record_id, row)
+        return [EngineRequest(p, t) for p, t in zip(positions, token_ids, strict=True)]
+
+    def answered(self, key: int) -> tuple[Any, dict[str, Any]]:
+        return self.in_flight.pop(key)
+
+
 def _generate(
-    spec: JobSpec, plan: Plan, engine: Engine | None, output: OutputDir, progress: bool
+    spec: JobSpec, plan: Plan, feed: _Feed, engine: Engine | None, output: OutputDir, progress: bool
 ) -> RunTotals:
     """Stream the plan through the engine; write a results part every ``chunk_records``."""
     task = handler_for(spec.task)
     tables = ResultTables(plan.input_schema, spec.input.id_column, spec.input.keep_columns, task)
-    totals = RunTotals(input_records=plan.input_records, rejected=len(plan.rejects))
+    totals = RunTotals(input_records=plan.input_records, rejected=plan.rejects.height)
     ok, failed, parts = [], [], 0
-    bar = tqdm(total=len(plan.records), desc="generate", unit="rec", disable=not progress)
-    requests = (EngineRequest(r.key, r.token_ids) for r in plan.records)
-    results = engine.run(requests, sampling_for(spec, task)) if plan.records else iter(())
+    bar = tqdm(total=plan.records.height, desc="generate", unit="rec", disable=not progress)
+    runnable = engine is not None and plan.records.height > 0
+    results = (
+        engine.run(feed.requests(plan.shard_count), sampling_for(spec, task))
+        if runnable
+        else iter(())
+    )
     for result in results:
-        row, is_ok = tables.row(plan.records[result.key], result)
+        row, is_ok = tables.row(*feed.answered(result.key), result)
         (ok if is_ok else failed).append(row)
         totals.count(row, is_ok)
         _stop_if_everything_fails(totals, failed)
@@ -108,7 +162,7 @@ def _generate(
     if ok or parts == 0:
         output.write_part(parts, tables.results_table(ok))
     bar.close()
-    output.write_rejects(tables.rejects_table(plan.rejects))
+    output.write_rejects(tables.rejects_table(feed.store.rejects()))
     output.write_failed(tables.failed_table(failed))
     return totals
 

@@ -186,6 +186,7 @@ SPEC_ENGINE_ARGS = {
     "max_num_seqs": "engine.max_num_seqs",
     "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "block_size": "engine.block_size",
     "seed": "sampling.seed",
 }
 
@@ -216,6 +217,13 @@ class EngineSpec(_Section):
         description="KV cache size in whole GiB on the CPU build of vLLM "
         "(VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.",
     )
+    block_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="KV cache block size in tokens; prefix-cache hits come in whole blocks, "
+        "so the planner aligns prefix groups to it. Unset: the engine's default (128 on "
+        "the CPU build, 16 on GPUs).",
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="Any other vllm.LLM engine argument, passed through unchanged "
@@ -241,6 +249,20 @@ class SamplingSpec(_Section):
 
 class OutputSpec(_Section):
     path: str = Field(description="Output directory for results, rejects and the report.")
+
+
+class PlanSpec(_Section):
+    shard_records: int = Field(
+        default=100_000,
+        gt=0,
+        description="Most records in one shard. A shard is the unit that is committed, "
+        "retried and (later) spread over workers; records sharing a prefix stay together.",
+    )
+    shard_tokens: int = Field(
+        default=50_000_000,
+        gt=0,
+        description="Most prompt tokens in one shard, so shards of long prompts stay short.",
+    )
 
 
 class RunSpec(_Section):
@@ -279,6 +301,7 @@ class JobSpec(_Section):
     engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
     sampling: SamplingSpec = Field(description="Generation settings.")
     output: OutputSpec = Field(description="Where results go.")
+    plan: PlanSpec = Field(default_factory=PlanSpec, description="How records become shards.")
     run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
     cost: CostSpec = Field(default_factory=CostSpec, description="Price used in the report.")
 

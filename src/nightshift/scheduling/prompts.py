@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import polars as pl
+
 from nightshift.errors import RecordError
 
 
@@ -35,6 +37,25 @@ class PromptTemplate:
         self.columns: list[str] = list(
             dict.fromkeys(name for _, name in self._pieces if name is not None)
         )
+        self.head, self.segments = _split_segments(self._pieces)
+
+    def segment_texts(self, records: pl.DataFrame) -> list[pl.Series]:
+        """Each segment's text for every record (see ``_split_segments``), vectorised.
+
+        Values must be non-null here; ``null_fields`` finds the records that are not.
+        """
+        texts = []
+        for column, literal in self.segments:
+            value = column_text(records.get_column(column))
+            texts.append(value + literal if literal else value)
+        return texts
+
+    def null_fields(self, records: pl.DataFrame) -> pl.Series:
+        """Per record, the first template column that is null in it, else null."""
+        reason = pl.lit(None, dtype=pl.String)
+        for column in reversed(self.columns):
+            reason = pl.when(pl.col(column).is_null()).then(pl.lit(column)).otherwise(reason)
+        return records.select(reason.alias("null_field")).to_series()
 
     def render(self, record: Mapping[str, Any]) -> Messages:
         """Fill the template from ``record``; a missing or null column is a RecordError."""
@@ -50,6 +71,36 @@ class PromptTemplate:
                 raise RecordError(f"field {name!r} is null", "null_field")
             out.append(as_text(value))
         return Messages(self.system, "".join(out))
+
+
+def _split_segments(
+    pieces: list[tuple[str, str | None]],
+) -> tuple[str, list[tuple[str, str]]]:
+    """The template as a static head and one (column, literal after it) per placeholder.
+
+    Segments are where prompts can start to differ, so they are the units of prefix
+    sharing: records with the same first k segment texts share that prompt prefix. The
+    head is the same in every prompt, so it is measured once.
+    """
+    head, segments = "", []
+    for literal, name in pieces:
+        if segments:
+            column, after = segments[-1]
+            segments[-1] = (column, after + literal)
+        else:
+            head += literal
+        if name is not None:
+            segments.append((name, ""))
+    return head, segments
+
+
+def column_text(values: pl.Series) -> pl.Series:
+    """A column's values as prompt text, exactly as ``as_text`` writes one value."""
+    if values.dtype in (pl.String, pl.Categorical, pl.Enum) or values.dtype.is_integer():
+        return values.cast(pl.String)
+    # Rare types (floats, nested, bytes) go through Python so they read exactly as as_text.
+    texts = [None if v is None else as_text(v) for v in values.to_list()]
+    return pl.Series(values.name, texts, dtype=pl.String)
 
 
 def as_text(value: Any) -> str:

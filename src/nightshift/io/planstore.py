@@ -1,0 +1,119 @@
+"""The plan on disk, next to the output, written before any generation starts.
+
+Layout::
+
+    OUTPUT/plan/records.parquet          every runnable record in run order: position,
+                                         shard, record_id, file and row, tokens
+    OUTPUT/plan/rejects.parquet          records that cannot run: input columns, reason
+    OUTPUT/plan/shards/shard-00000.parquet  a shard's input columns, in run order
+    OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse;
+                                         written last: no plan.json, no plan
+
+Each shard's input is copied out of the input files once, so a run reads one shard file
+per shard instead of scanning every input file for its records, and the shard's
+membership can never change under a running job. The copy is a second streaming pass:
+each input file's records are routed to per-shard pieces, then each shard's pieces are
+sorted into run order; memory holds one input batch or one shard at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nightshift.io.inputs import READ_BATCH, file_batches
+
+if TYPE_CHECKING:
+    from nightshift.jobs.plan import Plan
+
+PLAN_DIR = "plan"
+MANIFEST = "plan.json"
+
+
+class PlanStore:
+    """A plan directory: ``write`` it once, then read shards from it."""
+
+    def __init__(self, output_root: Path) -> None:
+        self.root = output_root / PLAN_DIR
+
+    def shard_path(self, shard: int) -> Path:
+        return self.root / "shards" / f"shard-{shard:05d}.parquet"
+
+    def write(self, plan: Plan, summary: dict[str, Any]) -> Path:
+        """Write ``plan`` (replacing an earlier one), ``summary`` into plan.json last."""
+        building = self.root.with_name(f".{PLAN_DIR}-building")
+        shutil.rmtree(building, ignore_errors=True)
+        (building / "shards").mkdir(parents=True)
+        plan.records.write_parquet(building / "records.parquet")
+        _copy_shard_inputs(plan, building)
+        (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
+        shutil.rmtree(self.root, ignore_errors=True)
+        building.rename(self.root)
+        return self.root
+
+    def shard_batches(self, shard: int, rows: int) -> Iterator[pa.RecordBatch]:
+        yield from pq.ParquetFile(self.shard_path(shard)).iter_batches(batch_size=rows)
+
+    def rejects(self) -> pa.Table:
+        return pq.read_table(self.root / "rejects.parquet")
+
+
+def _copy_shard_inputs(plan: Plan, root: Path) -> None:
+    pieces = root / ".pieces"
+    targets = plan.records.select("_file", "_row", "position", "shard")
+    rejects = plan.rejects.select("_file", "_row", "reason", "reject_kind")
+    for index in range(len(plan.dataset.files)):
+        _route_file(plan, index, targets, rejects, pieces)
+    for shard in range(plan.shard_count):
+        found = sorted((pieces / f"{shard:05d}").glob("*.parquet"))
+        frame = pl.read_parquet(found).sort("position").drop("shard")
+        frame.write_parquet(root / "shards" / f"shard-{shard:05d}.parquet")
+    _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
+    shutil.rmtree(pieces, ignore_errors=True)
+
+
+def _route_file(
+    plan: Plan, index: int, targets: pl.DataFrame, rejects: pl.DataFrame, pieces: Path
+) -> None:
+    """Send each record of input file ``index`` to its shard's pieces, or to rejects."""
+    mine = targets.filter(pl.col("_file") == index).drop("_file")
+    held = rejects.filter(pl.col("_file") == index).drop("_file")
+    row = 0
+    for batch_no, batch in enumerate(file_batches(plan.dataset, index, plan.columns, READ_BATCH)):
+        frame = pl.from_arrow(pa.Table.from_batches([batch])).with_columns(
+            pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row")
+        )
+        row += batch.num_rows
+        name = f"{index:05d}-{batch_no:05d}.parquet"
+        routed = frame.join(mine, on="_row", how="inner").drop("_row")
+        for (shard,), part in routed.partition_by("shard", as_dict=True).items():
+            _write_piece(part, pieces / f"{shard:05d}" / name)
+        set_aside = frame.join(held, on="_row", how="inner", maintain_order="left")
+        if set_aside.height:
+            _write_piece(set_aside, pieces / "rejects" / name)
+
+
+def _write_piece(frame: pl.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(path)
+
+
+def _write_rejects(plan: Plan, found: list[Path], root: Path) -> None:
+    """All rejects in input order, with the input columns the job used."""
+    schema = pa.schema(
+        list(plan.input_schema)
+        + [pa.field("reason", pa.string()), pa.field("reject_kind", pa.string())]
+    )
+    if found:
+        table = pl.read_parquet(found).drop("_row").to_arrow()  # pieces are in input order
+        table = table.select(schema.names).cast(schema)
+    else:
+        table = schema.empty_table()
+    pq.write_table(table, root / "rejects.parquet")

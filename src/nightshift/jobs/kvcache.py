@@ -1,0 +1,59 @@
+"""What the planner assumes about the engine's KV cache: block size and capacity.
+
+Both feed the reuse prediction only; the run reports what the engine really had.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from nightshift.engines.tokenizer import model_source
+from nightshift.jobs.spec import JobSpec
+
+CPU_BLOCK_SIZE = 128  # vLLM's CPU backend
+GPU_BLOCK_SIZE = 16  # vLLM's default on GPUs
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}
+
+
+def has_gpu() -> bool:
+    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
+def block_size(spec: JobSpec) -> int:
+    """The KV block size the engine will use."""
+    if spec.engine.block_size is not None:
+        return spec.engine.block_size
+    return GPU_BLOCK_SIZE if has_gpu() else CPU_BLOCK_SIZE
+
+
+def kv_cache_tokens(spec: JobSpec) -> int | None:
+    """Tokens the KV cache holds, when the spec and the model's config say; else None."""
+    blocks = spec.engine.extra.get("num_gpu_blocks_override")
+    if isinstance(blocks, int) and blocks > 0:
+        return blocks * block_size(spec)
+    if has_gpu():
+        return None  # depends on the GPU's free memory, known only once the engine starts
+    per_token = kv_bytes_per_token(spec)
+    return spec.engine.cpu_kv_cache_gib * 2**30 // per_token if per_token else None
+
+
+def kv_bytes_per_token(spec: JobSpec) -> int | None:
+    """Key and value bytes one token takes across all layers, from the model's config."""
+    config_file = Path(model_source(spec.model.path)) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    try:
+        heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        layers = config["num_hidden_layers"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    if spec.engine.kv_cache_dtype.startswith("fp8"):
+        width = 1
+    else:
+        dtype = spec.model.dtype if spec.model.dtype != "auto" else config.get("torch_dtype")
+        width = _DTYPE_BYTES.get(str(dtype), 2)
+    return 2 * layers * heads * head_dim * width
