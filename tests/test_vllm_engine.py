@@ -159,3 +159,30 @@ def test_a_prompt_vllm_refuses_fails_alone_and_results_stream_by_key(engine):
     assert "vocab" in results[1].error and results[1].output_tokens == 0
     assert results[0].error is None and results[0].prompt_tokens == len(good)
     assert results[2].error is None and 0 < results[2].output_tokens <= 4
+
+
+def test_the_prefix_cache_serves_what_the_plan_predicted(models, engine, tmp_path):
+    from .conftest import write_records
+    from .test_planning import document
+
+    # 8 documents of 125-455 tokens, 6 questions each, interleaved: the plan groups them.
+    rows = [
+        {"qid": f"d{d}-q{q}", "document": document(d), "question": f"Why {q}? " * (q + 1)}
+        for q in range(6)
+        for d in range(8)
+    ]
+    write_records(tmp_path / "in" / "q.parquet", rows)
+    spec = spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        tmp_path / "out",
+        input={"path": str(tmp_path / "in"), "id_column": "qid"},
+        prompt={"system": "Answer briefly.", "template": "{document}\n\nQuestion: {question}"},
+        task={"kind": "generate"},
+    )
+    report = run_job(validate_spec(spec), engine=engine, progress=False).report
+    reuse = report["prefix_reuse"]
+    assert reuse["block_size"] == report["engine"]["block_size"] == 128
+    assert reuse["predicted"] > 0.4
+    # Stated tolerance: within 2 percentage points of the prediction.
+    assert reuse["measured"] == pytest.approx(reuse["predicted"], abs=0.02)

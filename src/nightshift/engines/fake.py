@@ -2,14 +2,16 @@
 
 It honours the engine contract closely enough for the runner not to tell the difference:
 answers depend only on the prompt's token ids, guided choices and JSON are respected,
-and the prefix cache is simulated at block granularity (an unbounded cache), so
-cached-token counts behave like the real engine's when nothing is evicted.
+and the prefix cache is simulated at block granularity (unbounded, or least recently
+used blocks evicted beyond ``cache_blocks``), so cached-token counts behave like the
+real engine's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
@@ -53,6 +55,7 @@ class FakeEngine:
         block_size: int = 16,
         fail_when: Callable[[Sequence[int]], str | None] | None = None,
         window: int = 8,
+        cache_blocks: int | None = None,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -62,7 +65,9 @@ class FakeEngine:
             prefix_caching=True,
         )
         self._fail_when = fail_when
-        self._blocks: set[int] = set()
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._cache_blocks = cache_blocks
+        self.order: list[int] = []  # request keys in the order the engine took them
         self._stats = EngineStats()
         self._window = window
         self.calls = 0
@@ -75,6 +80,7 @@ class FakeEngine:
 
     def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
         ids = list(request.token_ids)
+        self.order.append(request.key)
         error = self._fail_when(ids) if self._fail_when else None
         if error:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
@@ -101,7 +107,10 @@ class FakeEngine:
                 cached = end
             else:
                 hit = False
-            self._blocks.add(key)
+            self._blocks[key] = None
+            self._blocks.move_to_end(key)
+        while self._cache_blocks is not None and len(self._blocks) > self._cache_blocks:
+            self._blocks.popitem(last=False)
         return cached
 
     def _answer(self, ids: list[int], sampling: Sampling) -> tuple[str, str]:

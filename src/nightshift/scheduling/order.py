@@ -43,17 +43,27 @@ def order_records(records: pl.DataFrame, levels: int, block_size: int) -> pl.Dat
     Adds ``g1..gL`` and ``position`` (0-based place in the order).
     """
     frame = records.with_columns(group_keys(levels, block_size))
+    if levels:
+        # Levels that add no block are skipped, so the nesting is over the groups that
+        # count: k1 is a record's outermost real group, k2 the next one inside it, ...
+        present = pl.concat_list([f"g{j}" for j in range(1, levels + 1)]).list.drop_nulls()
+        frame = frame.with_columns(
+            present.list.get(i, null_on_oob=True).alias(f"_k{i + 1}") for i in range(levels)
+        )
     by: list[str] = []
     descending: list[bool] = []
     for j in range(1, levels + 1):
-        parents = [f"g{i}" for i in range(1, j + 1)]
-        frame = frame.with_columns(pl.col("tokens").max().over(parents).alias(f"_longest{j}"))
-        by += [f"_longest{j}", f"g{j}"]
+        parents = [f"_k{i}" for i in range(1, j + 1)]
+        # A record in no group at this depth (null key) is a group of its own.
+        longest = pl.col("tokens").max().over(parents)
+        longest = pl.when(pl.col(f"_k{j}").is_null()).then(pl.col("tokens")).otherwise(longest)
+        frame = frame.with_columns(longest.alias(f"_longest{j}"))
+        by += [f"_longest{j}", f"_k{j}"]
         descending += [True, False]
     by += ["tokens", "record_id"]
     descending += [True, False]
     ordered = frame.sort(by, descending=descending, nulls_last=True)
-    ordered = ordered.drop([f"_longest{j}" for j in range(1, levels + 1)])
+    ordered = ordered.drop([f"_{c}{j}" for j in range(1, levels + 1) for c in ("longest", "k")])
     return ordered.with_row_index("position")
 
 

@@ -26,7 +26,8 @@ def predicted_cached(
     """
     hashes, prefixes = level_names(levels)
     partition = [by] if by else []
-    position = pl.int_range(pl.len(), dtype=pl.Int64)
+    frame = frame.with_row_index("_at")
+    position = pl.col("_at").cast(pl.Int64)
     first = position.shift(1).over(partition) if partition else position.shift(1)
     reusable = pl.when(first.is_not_null()).then(pl.col("p0")).otherwise(0)
     for h, p in zip(hashes, prefixes[1:], strict=True):
