@@ -39,6 +39,8 @@ SYSTEM = "Answer the question about the document in a few words."
 TEMPLATE = "{document}\n\nQuestion: {question}"
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 GOAL_SHARE, GOAL_SPEEDUP = 0.95, 3.0
+# run_batch's log: the engine is up; its progress bar's last line (the answers are in)
+BATCH_MARKS = ("Reading batch from", "Running batch: 100%")
 FIELDS = ("wall_s", "engine_startup_s", "generate_s")  # then the TOKENS, in side()
 TOKENS = ("prompt_tokens", "prompt_tokens_cached", "output_tokens")
 SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "head_dim": 64}
@@ -283,17 +285,16 @@ def batch_usage(path: Path) -> tuple[int, int, int, int]:
 
 
 def run_batch(spec, rows: list[dict], kv_dtype: str, block: int, tmp: Path, env: dict) -> dict:
-    """vLLM's own batch runner; start-up ends at its 'Reading batch from' log line and
-    generation at its progress bar's '100% Completed' line."""
+    """vLLM's own batch runner, in its own process; its times from BATCH_MARKS."""
     inp, out = write_batch_input(spec, rows, tmp / "batch-in.jsonl"), tmp / "batch-out.jsonl"
     env = {**env, "VLLM_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
     env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.engine.cpu_kv_cache_gib)
-    cmd, marks = batch_command(spec, kv_dtype, inp, out), ("Reading batch from", "100% Completed")
-    wall, seen = run_marked(cmd, env, marks)
-    ready = seen.get(marks[0], 0.0)
+    cmd = batch_command(spec, kv_dtype, inp, out)
+    wall, seen = run_marked(cmd, env, BATCH_MARKS)
+    ready = seen.get(BATCH_MARKS[0], 0.0)
     prompt, cached, output, errors = batch_usage(out)
     return side(
-        (wall, ready, seen.get(marks[1], wall) - ready, prompt, cached, output),
+        (wall, ready, seen.get(BATCH_MARKS[1], wall) - ready, prompt, cached, output),
         optimum_cached(chat_token_ids(rows), block),
         kv_cache_dtype=kv_dtype,
         errors=errors,
@@ -343,7 +344,7 @@ NOTES = [
     "run_batch gets the same system and user text as chat lines and encodes them whole, so its "
     "ids can differ by a token at the document/question seam; its optimum uses its own ids",
     "run_batch: cached tokens from usage.prompt_tokens_details.cached_tokens; start-up ends "
-    "at its 'Reading batch from' log line, generation at its '100% Completed' line",
+    "at its 'Reading batch from' log line, generation at its 'Running batch: 100%' line",
     "optimum: per prompt, the whole KV blocks shared with any earlier prompt (at most len - 1 "
     "tokens); the same in any order, so a reordering can reach it and none exceeds it",
     "timings are noisy: 2 cores shared with other work",

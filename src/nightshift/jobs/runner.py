@@ -8,30 +8,25 @@ the plan's order, shard after shard, read from the plan's shard files.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
-import pyarrow as pa
 from tqdm.auto import tqdm
 
 from nightshift.engines import build_engine, check_engine_spec
-from nightshift.engines.base import Engine, EngineRequest, EngineStats, Sampling
+from nightshift.engines.base import Engine, EngineStats, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import JobAbortedError
 from nightshift.io.outputs import OutputDir
 from nightshift.io.planstore import PlanStore
+from nightshift.jobs.feed import RequestFeed
 from nightshift.jobs.plan import Plan, build_plan, describe
-from nightshift.jobs.prefetch import prefetch
 from nightshift.jobs.report import RunTotals, Timings, build_report, prefix_reuse_section
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import TaskHandler, answer_budget, handler_for
-from nightshift.scheduling.prompts import PromptTemplate
 
 FAIL_FAST_RECORDS = 50
-REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
 
 
 @dataclass(frozen=True)
@@ -73,7 +68,7 @@ def run_job(
     try:
         output.start()
         before = engine.stats() if engine else EngineStats()
-        totals = _generate(spec, plan, _Feed(spec, store, encoder), engine, output, progress)
+        totals = _generate(spec, plan, RequestFeed(spec, store, encoder), engine, output, progress)
         stats = _delta(engine.stats(), before) if engine else EngineStats()
     finally:
         if owned:
@@ -96,45 +91,13 @@ def run_job(
     return RunOutcome(report, output)
 
 
-class _Feed:
-    """The plan's records as engine requests, in run order, remembering each one's id and
-    kept columns until its result comes back."""
-
-    def __init__(self, spec: JobSpec, store: PlanStore, encoder: PromptEncoder) -> None:
-        self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
-        self.store, self.encoder = store, encoder
-        self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
-        self.in_flight: dict[int, tuple[Any, dict[str, Any]]] = {}
-
-    def requests(self, shards: int) -> Iterator[EngineRequest]:
-        # Rendering and encoding run a few batches ahead in a thread (the tokenizer
-        # releases the GIL), so the engine never waits on them.
-        for batch in prefetch(self._batches(shards), depth=4):
-            yield from batch
-
-    def _batches(self, shards: int) -> Iterator[list[EngineRequest]]:
-        for shard in range(shards):
-            for batch in self.store.shard_batches(shard, REQUEST_BATCH):
-                yield self._encode(pl.from_arrow(pa.Table.from_batches([batch])))
-
-    def _encode(self, records: pl.DataFrame) -> list[EngineRequest]:
-        segments = [s.to_list() for s in self.template.segment_texts(records)]
-        token_ids = self.encoder.encode_records(
-            self.template.system, self.template.head, list(zip(*segments, strict=True))
-        )
-        kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
-        ids = records[self.id_column].to_list()
-        positions = records["position"].to_list()
-        for position, record_id, row in zip(positions, ids, kept, strict=True):
-            self.in_flight[position] = (record_id, row)
-        return [EngineRequest(p, t) for p, t in zip(positions, token_ids, strict=True)]
-
-    def answered(self, key: int) -> tuple[Any, dict[str, Any]]:
-        return self.in_flight.pop(key)
-
-
 def _generate(
-    spec: JobSpec, plan: Plan, feed: _Feed, engine: Engine | None, output: OutputDir, progress: bool
+    spec: JobSpec,
+    plan: Plan,
+    feed: RequestFeed,
+    engine: Engine | None,
+    output: OutputDir,
+    progress: bool,
 ) -> RunTotals:
     """Stream the plan through the engine; write a results part every ``chunk_records``."""
     task = handler_for(spec.task)

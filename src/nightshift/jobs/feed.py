@@ -1,0 +1,60 @@
+"""The plan's records as engine requests, in run order.
+
+Records are read from the plan's shard files, rendered and encoded exactly as the plan
+measured them, and handed to the engine lazily; each record's id and kept columns wait
+here until its result comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from nightshift.engines.base import EngineRequest
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.io.planstore import PlanStore
+from nightshift.jobs.prefetch import prefetch
+from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.prompts import PromptTemplate
+
+REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
+
+
+class RequestFeed:
+    """The plan's records as engine requests, in run order, remembering each one's id and
+    kept columns until its result comes back."""
+
+    def __init__(self, spec: JobSpec, store: PlanStore, encoder: PromptEncoder) -> None:
+        self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
+        self.store, self.encoder = store, encoder
+        self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
+        self.in_flight: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def requests(self, shards: int) -> Iterator[EngineRequest]:
+        # Rendering and encoding run a few batches ahead in a thread (the tokenizer
+        # releases the GIL), so the engine never waits on them.
+        for batch in prefetch(self._batches(shards), depth=4):
+            yield from batch
+
+    def _batches(self, shards: int) -> Iterator[list[EngineRequest]]:
+        for shard in range(shards):
+            for batch in self.store.shard_batches(shard, REQUEST_BATCH):
+                yield self._encode(pl.from_arrow(pa.Table.from_batches([batch])))
+
+    def _encode(self, records: pl.DataFrame) -> list[EngineRequest]:
+        segments = [s.to_list() for s in self.template.segment_texts(records)]
+        token_ids = self.encoder.encode_records(
+            self.template.system, self.template.head, list(zip(*segments, strict=True))
+        )
+        kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
+        ids = records[self.id_column].to_list()
+        positions = records["position"].to_list()
+        for position, record_id, row in zip(positions, ids, kept, strict=True):
+            self.in_flight[position] = (record_id, row)
+        return [EngineRequest(p, t) for p, t in zip(positions, token_ids, strict=True)]
+
+    def answered(self, key: int) -> tuple[Any, dict[str, Any]]:
+        return self.in_flight.pop(key)
