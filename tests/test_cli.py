@@ -111,10 +111,13 @@ def test_model_that_cannot_be_loaded(spec_path, tmp_path):
     assert_user_error(result, "model.path", "does not exist", "nightshift demo init")
 
 
-def test_output_that_holds_a_run(spec_path):
+def test_output_that_holds_a_different_run(spec_path):
     assert invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q").exit_code == 0
-    result = invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q")
-    assert_user_error(result, "already holds a run", "--overwrite")
+    again = invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q")
+    assert again.exit_code == 0 and "0 by this run" in again.output  # same job: resumed
+    changed = ["--set", "sampling.max_tokens=4", "--set", "run.engine=fake", "-q"]
+    result = invoke("jobs", "run", str(spec_path), *changed)
+    assert_user_error(result, "holds a run of a different job (sampling changed)", "--new-run")
 
 
 def test_input_files_that_disagree_on_types_are_named(models, tmp_path, write_spec):

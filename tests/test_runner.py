@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nightshift.engines.fake import FakeEngine
-from nightshift.errors import EngineFatalError, OutputExistsError
+from nightshift.errors import OutputExistsError
 from nightshift.jobs.loading import validate_spec
 from nightshift.jobs.runner import run_job
 
@@ -57,13 +57,13 @@ def test_bad_records_are_set_aside_with_reasons(models, messy_input, tmp_path):
     # Rejects keep the input columns the job used, so they can be fixed and rerun.
     assert set(rejects.columns) >= {"ticket_id", "subject", "body", "reason"}
     records = outcome.report["records"]
-    assert records == {"input": 34, "ok": 30, "rejected": 4, "failed": 0}
+    assert records == {"input": 34, "ok": 30, "rejected": 4, "failed": 0, "not_yet_run": 0}
 
 
 def test_output_has_one_row_per_record_with_labels_and_counts(models, ticket_dir, tmp_path):
-    outcome = run(models, ticket_dir, tmp_path / "out", run={"chunk_records": 50})
+    outcome = run(models, ticket_dir, tmp_path / "out", plan={"shard_records": 50})
     results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
-    assert len(list((tmp_path / "out" / "results").glob("*.parquet"))) == 3  # 120 / 50
+    assert len(list((tmp_path / "out" / "results").glob("*.parquet"))) == 3  # one per shard
     assert results.columns == [
         "ticket_id",
         "subject",
@@ -92,7 +92,7 @@ def test_per_record_engine_errors_fail_only_that_record(models, ticket_dir, tmp_
     outcome = run(
         models, ticket_dir, tmp_path / "out", engine=FakeEngine(fail_when=fail_every_tenth)
     )
-    failed = pl.read_parquet(tmp_path / "out" / "failed.parquet")
+    failed = pl.read_parquet(tmp_path / "out" / "failed" / "*.parquet")
     assert len(failed) == 12 and set(failed["error"]) == {"engine: out of cheese"}
     r = outcome.report["records"]
     assert (r["ok"], r["failed"]) == (108, 12)
@@ -126,12 +126,14 @@ def test_generate_task_has_text_and_finish_reason(models, ticket_dir, tmp_path):
     assert (results["output_tokens"] == 8).all()
 
 
-def test_existing_output_is_not_mixed_without_overwrite(models, ticket_dir, tmp_path):
+def test_a_different_job_is_not_mixed_into_an_output(models, ticket_dir, tmp_path):
     run(models, ticket_dir, tmp_path / "out")
-    with pytest.raises(OutputExistsError, match="--overwrite"):
-        run(models, ticket_dir, tmp_path / "out")
-    spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
-    run_job(spec, engine=FakeEngine(), progress=False, overwrite=True)
+    with pytest.raises(OutputExistsError, match=r"\(task changed\).*--overwrite"):
+        run(models, ticket_dir, tmp_path / "out", task={"kind": "generate"})
+    spec = spec_dict(models["chat"], ticket_dir, tmp_path / "out", task={"kind": "generate"})
+    run_job(validate_spec(spec), engine=FakeEngine(), progress=False, overwrite=True)
+    results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
+    assert "label" not in results.columns and len(results) == 120
 
 
 def test_output_reads_in_pyarrow_and_duckdb(models, ticket_dir, tmp_path):
@@ -154,38 +156,22 @@ def test_a_job_with_nothing_runnable_starts_no_engine(models, tmp_path, monkeypa
     write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s", "body": None}])
     spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
     report = run_job(spec, progress=False).report
-    assert report["records"] == {"input": 1, "ok": 0, "rejected": 1, "failed": 0}
+    assert report["records"] == {
+        "input": 1, "ok": 0, "rejected": 1, "failed": 0, "not_yet_run": 0
+    }
     assert report["engine"] == {}
     assert report["spec"]["input"]["path"] == str(tmp_path / "in.parquet")
 
 
-def test_overwrite_keeps_the_old_run_until_the_new_one_finishes(
-    models, ticket_dir, tmp_path, monkeypatch
-):
-    import nightshift.jobs.runner as runner
-
+def test_overwrite_replaces_nightshifts_files_and_nothing_else(models, ticket_dir, tmp_path):
     run(models, ticket_dir, tmp_path / "out")
     (tmp_path / "out" / "results" / "notes.txt").write_text("mine")
-    before = (tmp_path / "out" / "report.json").read_text()
-
-    class DiesMidRun(FakeEngine):
-        def run(self, requests, sampling):
-            yield from super().run(list(requests)[:5], sampling)
-            raise EngineFatalError("engine died")
-
-    monkeypatch.setattr(runner, "build_engine", lambda spec: DiesMidRun())
-    spec = validate_spec(
-        spec_dict(models["chat"], ticket_dir, tmp_path / "out", run={"chunk_records": 2})
-    )
-    with pytest.raises(EngineFatalError):
-        run_job(spec, progress=False, overwrite=True)
-    assert (tmp_path / "out" / "report.json").read_text() == before
-    assert len(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")) == 120
-    # A finished overwrite replaces nightshift's files and nothing else.
+    (tmp_path / "out" / "mine.csv").write_text("a,b")
+    spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
     run_job(spec, engine=FakeEngine(), progress=False, overwrite=True)
     assert (tmp_path / "out" / "results" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "out" / "mine.csv").read_text() == "a,b"
     assert len(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")) == 120
-    assert not (tmp_path / "out" / ".nightshift-staging").exists()
 
 
 def test_output_path_that_is_a_file_is_refused_before_any_work(models, ticket_dir, tmp_path):

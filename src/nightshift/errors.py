@@ -72,3 +72,15 @@ class EngineError(NightshiftError):
 
 class EngineFatalError(EngineError):
     """The engine died; the work in flight must be retried on a fresh engine."""
+
+
+class StoreError(NightshiftError):
+    """The object store (local directory or S3) failed after its retries."""
+
+
+class StoreAccessError(StoreError, UserError):
+    """The store refused us: missing bucket, bad credentials, no permission. Fixable."""
+
+
+class ObjectNotFound(StoreError):
+    """A key that was expected in the object store is not there."""

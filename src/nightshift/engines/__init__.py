@@ -27,7 +27,7 @@ def _vllm(spec: JobSpec) -> Engine:
 def _fake(spec: JobSpec) -> Engine:
     from nightshift.engines.fake import FakeEngine
 
-    return FakeEngine()
+    return FakeEngine.from_environment(block_size=spec.engine.block_size or 16)
 
 
 ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": _vllm, "fake": _fake}

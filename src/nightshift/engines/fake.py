@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.errors import EngineFatalError
 
 
 def _digest(token_ids: Sequence[int]) -> int:
@@ -44,11 +47,25 @@ def example_json(schema: dict[str, Any], seed: int) -> Any:
 
 
 class FakeEngine:
-    """``fail_when(token_ids)`` may return an error string to fail that one record.
+    """``fail_when(token_ids)`` may return an error string to fail that one record;
+    ``die_after`` makes the engine die (EngineFatalError) once, after that many results,
+    as a crashed vLLM engine process would. ``seconds_per_record`` slows it down and
+    ``log`` (a file path) gets one line per generated request key, for the kill tests.
 
     Results come back out of order (each window of ``window`` requests reversed), as a
     real engine's do, so callers must match them by key.
     """
+
+    @classmethod
+    def from_environment(cls, block_size: int = 16) -> FakeEngine:
+        """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
+        (the kill tests run jobs in subprocesses and can reach it no other way)."""
+        env = os.environ
+        return cls(
+            block_size=block_size,
+            seconds_per_record=float(env.get("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", 0)),
+            log=env.get("NIGHTSHIFT_FAKE_LOG"),
+        )
 
     def __init__(
         self,
@@ -56,6 +73,9 @@ class FakeEngine:
         fail_when: Callable[[Sequence[int]], str | None] | None = None,
         window: int = 8,
         cache_blocks: int | None = None,
+        die_after: int | None = None,
+        seconds_per_record: float = 0.0,
+        log: str | None = None,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -68,6 +88,9 @@ class FakeEngine:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._cache_blocks = cache_blocks
         self.order: list[int] = []  # request keys in the order the engine took them
+        self._die_after = die_after
+        self._delay = seconds_per_record
+        self._log = log
         self._stats = EngineStats()
         self._window = window
         self.calls = 0
@@ -76,7 +99,25 @@ class FakeEngine:
         self.calls += 1
         pending = iter(requests)
         while window := list(islice(pending, self._window)):
-            yield from reversed([self._one(request, sampling) for request in window])
+            results = [self._one(request, sampling) for request in window]
+            self._write_log(results)
+            for result in reversed(results):
+                self._maybe_die()
+                yield result
+
+    def _maybe_die(self) -> None:
+        if self._die_after is not None:
+            if self._die_after == 0:
+                self._die_after = None  # once: the "fresh engine" after it works
+                raise EngineFatalError("fake engine died (die_after)")
+            self._die_after -= 1
+
+    def _write_log(self, results: list[EngineResult]) -> None:
+        if self._delay:
+            time.sleep(self._delay * len(results))
+        if self._log:
+            with open(self._log, "a") as log:
+                log.writelines(f"{r.key}\n" for r in results)
 
     def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
         ids = list(request.token_ids)

@@ -1,102 +1,91 @@
-"""The output directory: result parts, rejects, failures and the report.
+"""A job's output location (local directory or S3 prefix) and what nightshift keeps there.
 
-Layout (every file readable by polars, pyarrow and DuckDB)::
+Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
 
-    OUTPUT/results/part-00000.parquet   one row per record answered, in chunks
-    OUTPUT/rejects.parquet              records that could not run, with ``reason``
-    OUTPUT/failed.parquet               records the engine or parser failed, with ``error``
-    OUTPUT/report.json                  counts, tokens, times, throughput, cost
+    OUTPUT/plan/                  the plan, written before generation (io.planstore)
+    OUTPUT/rejects.parquet        records that could not run, with ``reason``
+    OUTPUT/committed/             one commit marker per finished shard (io.shardstore)
+    OUTPUT/results/               committed shards' answers, one file per shard
+    OUTPUT/failed/                committed shards' failed records, with ``error``
+    OUTPUT/_work/                 checkpoints of shards still running
+    OUTPUT/report.json            counts, tokens, times, throughput, cost; rewritten by
+                                  every run into this output
 
-A run writes into ``OUTPUT/.nightshift-staging/`` and moves its files into place only
-when it has finished, report last: a run that dies leaves the previous run's files as
-they were. Only nightshift's own files are ever replaced or deleted.
+Only the keys under these names are nightshift's: anything else in the output location
+is never read, replaced or deleted.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError
+from nightshift.io.objectstore import ObjectStore, open_store
+from nightshift.io.planstore import PLAN_DIR, REJECTS, PlanStore
+from nightshift.io.shardstore import COMMITTED, WORK, ShardStore
 
-from nightshift.errors import OutputExistsError, SpecError
-
-RESULTS_DIR = "results"
-REJECTS_FILE = "rejects.parquet"
-FAILED_FILE = "failed.parquet"
 REPORT_FILE = "report.json"
-STAGING_DIR = ".nightshift-staging"
-_PART_GLOB = "part-*.parquet"
 
 
-class OutputDir:
-    """A local output directory; nightshift owns only the files it names above."""
+class JobOutput:
+    """One output location: its plan, its shards and its report."""
 
-    def __init__(self, path: str) -> None:
-        if path.startswith("s3://"):
-            raise SpecError(
-                "output.path", "S3 output is not supported yet", "use a local directory"
-            )
-        self.root = Path(path).expanduser()
-        self.staging = self.root / STAGING_DIR
+    def __init__(self, location: str) -> None:
+        if not location.startswith("s3://") and Path(location).expanduser().is_file():
+            raise SpecError("output.path", f"{location} is a file", "give a directory")
+        self.location = location
+        self.store: ObjectStore = open_store(location)
+        self.plans = PlanStore(self.store)
+        self.shards = ShardStore(self.store)
 
-    def _run_files(self) -> list[Path]:
-        """The files of a finished run in this directory, if it holds one."""
-        files = sorted((self.root / RESULTS_DIR).glob(_PART_GLOB))
-        files += [self.root / n for n in (REJECTS_FILE, FAILED_FILE, REPORT_FILE)]
-        return [f for f in files if f.is_file()]
-
-    def check_free(self, overwrite: bool) -> None:
-        """Make sure the directory can take a run; refuse to mix with an earlier one."""
-        if self.root.exists() and not self.root.is_dir():
-            raise SpecError("output.path", f"{self.root} is a file", "give a directory")
+    def report(self) -> dict[str, Any] | None:
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SpecError("output.path", f"cannot create {self.root}: {exc.strerror}") from None
-        if self._run_files() and not overwrite:
-            raise OutputExistsError(
-                f"output.path: {self.root} already holds a run; "
-                "pass --overwrite to replace it or choose another output.path"
-            )
+            return json.loads(self.store.get_bytes(REPORT_FILE))
+        except ObjectNotFound:
+            return None
 
-    def start(self) -> None:
-        """An empty staging area for this run (a dead run's leftovers are discarded)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        (self.staging / RESULTS_DIR).mkdir(parents=True)
+    def write_report(self, report: dict[str, Any]) -> str:
+        self.store.put_bytes(REPORT_FILE, (json.dumps(report, indent=2) + "\n").encode())
+        return self.store.uri(REPORT_FILE)
 
-    def write_part(self, index: int, table: pa.Table) -> Path:
-        return self._write_table(Path(RESULTS_DIR) / f"part-{index:05d}.parquet", table)
+    def holds_a_run(self) -> bool:
+        """Whether an earlier run (finished, partial, or from an older nightshift) is here."""
+        return bool(
+            self.plans.manifest() is not None
+            or self.store.exists(REPORT_FILE)
+            or self.store.list(f"{COMMITTED}/")
+            or self.shards.data_files()
+        )
 
-    def write_rejects(self, table: pa.Table) -> Path:
-        return self._write_table(Path(REJECTS_FILE), table)
+    def clear(self) -> None:
+        """Delete every key nightshift owns here (for --overwrite), markers first, so a
+        reader never sees a marker whose files are gone."""
+        for folder in (COMMITTED, PLAN_DIR, WORK):
+            self.store.delete(self.store.list(f"{folder}/"))
+        self.store.delete(self.shards.data_files() + [REJECTS, REPORT_FILE])
 
-    def write_failed(self, table: pa.Table) -> Path:
-        return self._write_table(Path(FAILED_FILE), table)
 
-    def commit(self, report: dict[str, Any]) -> Path:
-        """Replace the previous run's files with this run's, the report last."""
-        for old in self._run_files():
-            old.unlink()
-        (self.root / RESULTS_DIR).mkdir(exist_ok=True)
-        for part in sorted((self.staging / RESULTS_DIR).glob(_PART_GLOB)):
-            os.replace(part, self.root / RESULTS_DIR / part.name)
-        for name in (REJECTS_FILE, FAILED_FILE):
-            os.replace(self.staging / name, self.root / name)
-        target = self.root / REPORT_FILE
-        tmp = self.staging / REPORT_FILE
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, target)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        return target
+def committed_files(location: str, kind: str = "results") -> list[str]:
+    """The files a reader should open: those the commit markers name (``kind`` is
+    ``results`` or ``failed``). Never a listing: a listing may show an attempt that
+    lost, or one that died before its marker."""
+    wanted = {"results": "ok", "failed": "failed"}[kind]
+    output = JobOutput(location)
+    markers = output.shards.committed()
+    return [
+        output.store.uri(f["key"])
+        for shard in sorted(markers)
+        for f in markers[shard]["files"]
+        if f["kind"] == wanted
+    ]
 
-    def _write_table(self, relative: Path, table: pa.Table) -> Path:
-        target = self.staging / relative
-        tmp = target.with_name(f".{target.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, target)
-        return target
+
+def new_run_location(location: str) -> str:
+    """The first ``LOCATION-runN`` beside ``location`` that holds no run."""
+    for n in range(2, 1000):
+        candidate = f"{location.rstrip('/')}-run{n}"
+        if not JobOutput(candidate).holds_a_run():
+            return candidate
+    raise OutputExistsError(f"output.path: no free -runN location beside {location}")

@@ -1,12 +1,13 @@
 """The plan on disk, next to the output, written before any generation starts.
 
-Layout::
+Layout (the output may be a local directory or an S3 prefix)::
 
     OUTPUT/plan/records.parquet          every runnable record in run order: position,
                                          shard, record_id, file and row, tokens
-    OUTPUT/plan/rejects.parquet          records that cannot run: input columns, reason
     OUTPUT/plan/shards/shard-00000.parquet  a shard's input columns, in run order
-    OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse;
+    OUTPUT/rejects.parquet               records that cannot run: input columns, reason
+    OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse, the
+                                         input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
 
 Each shard's input is copied out of the input files once, so a run reads one shard file
@@ -18,8 +19,10 @@ sorted into run order; memory holds one input batch or one shard at a time.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,41 +31,73 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nightshift.errors import ObjectNotFound
+from nightshift.faults import crash_point
 from nightshift.io.inputs import READ_BATCH, file_batches
+from nightshift.io.objectstore import ObjectStore
 
 if TYPE_CHECKING:
     from nightshift.jobs.plan import Plan
 
 PLAN_DIR = "plan"
-MANIFEST = "plan.json"
+MANIFEST = f"{PLAN_DIR}/plan.json"
+REJECTS = "rejects.parquet"
 
 
 class PlanStore:
-    """A plan directory: ``write`` it once, then read shards from it."""
+    """A job's plan in its output: ``write`` it once, then read shards from it."""
 
-    def __init__(self, output_root: Path) -> None:
-        self.root = output_root / PLAN_DIR
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
 
-    def shard_path(self, shard: int) -> Path:
-        return self.root / "shards" / f"shard-{shard:05d}.parquet"
+    @staticmethod
+    def shard_key(shard: int) -> str:
+        return f"{PLAN_DIR}/shards/shard-{shard:05d}.parquet"
 
-    def write(self, plan: Plan, summary: dict[str, Any]) -> Path:
-        """Write ``plan`` (replacing an earlier one), ``summary`` into plan.json last."""
-        building = self.root.with_name(f".{PLAN_DIR}-building")
-        shutil.rmtree(building, ignore_errors=True)
-        (building / "shards").mkdir(parents=True)
-        plan.records.write_parquet(building / "records.parquet")
-        _copy_shard_inputs(plan, building)
-        (building / MANIFEST).write_text(json.dumps(summary, indent=2) + "\n")
-        shutil.rmtree(self.root, ignore_errors=True)
-        building.rename(self.root)
-        return self.root
+    def write(self, plan: Plan, manifest: dict[str, Any]) -> str:
+        """Write ``plan`` and its input copies, then ``manifest`` as plan.json, last."""
+        manifest = {**manifest, "input_schema": _encode_schema(plan.input_schema)}
+        with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
+            local = Path(tmp)
+            (local / "shards").mkdir()
+            plan.records.write_parquet(local / "records.parquet")
+            _copy_shard_inputs(plan, local)
+            for shard in range(plan.shard_count):
+                self.store.put_file(self.shard_key(shard), self._local_shard(local, shard))
+            self.store.put_file(f"{PLAN_DIR}/records.parquet", local / "records.parquet")
+            self.store.put_file(REJECTS, local / REJECTS)
+        crash_point("plan.before_manifest")
+        self.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
+        return self.store.uri(PLAN_DIR)
+
+    @staticmethod
+    def _local_shard(local: Path, shard: int) -> Path:
+        return local / "shards" / f"shard-{shard:05d}.parquet"
+
+    def manifest(self) -> dict[str, Any] | None:
+        """The written plan's plan.json, or None when no plan was finished here."""
+        try:
+            return json.loads(self.store.get_bytes(MANIFEST))
+        except ObjectNotFound:
+            return None
 
     def shard_batches(self, shard: int, rows: int) -> Iterator[pa.RecordBatch]:
-        yield from pq.ParquetFile(self.shard_path(shard)).iter_batches(batch_size=rows)
+        with tempfile.TemporaryDirectory(prefix="nightshift-shard-") as tmp:
+            path = self.store.download(self.shard_key(shard), Path(tmp) / "shard.parquet")
+            yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
 
     def rejects(self) -> pa.Table:
-        return pq.read_table(self.root / "rejects.parquet")
+        with tempfile.TemporaryDirectory(prefix="nightshift-rejects-") as tmp:
+            return pq.read_table(self.store.download(REJECTS, Path(tmp) / REJECTS))
+
+
+def input_schema(manifest: dict[str, Any]) -> pa.Schema:
+    """The input columns' schema, as the plan stored it."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest["input_schema"])))
+
+
+def _encode_schema(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
 def _copy_shard_inputs(plan: Plan, root: Path) -> None:
@@ -116,4 +151,4 @@ def _write_rejects(plan: Plan, found: list[Path], root: Path) -> None:
         table = table.select(schema.names).cast(schema)
     else:
         table = schema.empty_table()
-    pq.write_table(table, root / "rejects.parquet")
+    pq.write_table(table, root / REJECTS)

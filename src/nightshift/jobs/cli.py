@@ -44,19 +44,54 @@ def user_errors(command: Callable) -> Callable:
 def run(
     spec: Path = SPEC,
     overrides: list[str] = SET,
-    overwrite: bool = typer.Option(False, help="Replace an earlier run in output.path."),
+    overwrite: bool = typer.Option(
+        False, help="Delete the run already in output.path and start from scratch."
+    ),
+    new_run: bool = typer.Option(
+        False, "--new-run", help="Start a fresh run in OUTPUT-runN beside output.path."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Run a job: plan, generate with vLLM, write results and report.json."""
+    """Run a job: plan, generate with vLLM, write results and report.json. Rerun the same
+    command to resume: committed shards are skipped, partial ones continue."""
     from nightshift.jobs.loading import load_spec
     from nightshift.jobs.report import summary_lines
     from nightshift.jobs.runner import run_job
 
+    if overwrite and new_run:
+        raise typer.BadParameter("--overwrite and --new-run exclude each other")
     job = load_spec(spec, overrides)
-    outcome = run_job(job, overwrite=overwrite, progress=not quiet and sys.stderr.isatty())
-    for line in summary_lines(outcome.report, str(outcome.output.root)):
+    progress = not quiet and sys.stderr.isatty()
+    outcome = run_job(job, overwrite=overwrite, new_run=new_run, progress=progress)
+    for line in summary_lines(outcome.report, outcome.location):
         typer.echo(line)
-    typer.echo(f"report: {outcome.output.root / 'report.json'}")
+    typer.echo(f"report: {outcome.report['report']}")
+
+
+@jobs_app.command("status")
+@user_errors
+def status(
+    output: str = typer.Argument(..., help="A job's output.path (directory or s3:// prefix)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Shards done, partly done and failed; records ok, rejected and failed."""
+    from nightshift.jobs.status import output_status, status_text
+
+    state = output_status(output)
+    typer.echo(json.dumps(state, indent=2) if as_json else status_text(state))
+
+
+@jobs_app.command("export")
+@user_errors
+def export(
+    output: str = typer.Argument(..., help="A job's output.path."),
+    destination: str = typer.Argument(..., help="The Parquet file to write (local or s3://)."),
+) -> None:
+    """Write the committed results as one merged Parquet file."""
+    from nightshift.jobs.status import export_results
+
+    target, rows = export_results(output, destination)
+    typer.echo(f"wrote {rows:,} records to {target}")
 
 
 @jobs_app.command("plan")

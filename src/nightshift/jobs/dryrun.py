@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from nightshift.io.outputs import REPORT_FILE, OutputDir
-from nightshift.io.planstore import PlanStore
+from nightshift.errors import OutputExistsError
+from nightshift.io.outputs import JobOutput
+from nightshift.jobs.fingerprint import plan_stamp
 from nightshift.jobs.plan import build_plan, describe
 from nightshift.jobs.runner import load_encoder
 from nightshift.jobs.spec import JobSpec
@@ -15,11 +14,8 @@ from nightshift.jobs.spec import JobSpec
 
 def _measured_throughput(spec: JobSpec) -> float | None:
     """Total tokens/s of the last real-engine run into the same output, if there is one."""
-    report = Path(spec.output.path) / REPORT_FILE
-    if spec.output.path.startswith("s3://") or not report.is_file():
-        return None
-    last = json.loads(report.read_text())
-    if last.get("engine", {}).get("name") != "vllm":  # a fake run's speed means nothing
+    last = JobOutput(spec.output.path).report()
+    if not last or last.get("engine", {}).get("name") != "vllm":  # a fake run's speed means nothing
         return None
     return last.get("throughput", {}).get("total_tokens_per_s") or None
 
@@ -30,9 +26,13 @@ def plan_summary(spec: JobSpec, progress: bool = False, write: bool = False) -> 
     plan = build_plan(spec, load_encoder(spec), progress)
     summary = describe(plan, spec)
     if write:
-        output = OutputDir(spec.output.path)
-        output.check_free(overwrite=True)  # writing a plan replaces no results
-        summary["written_to"] = str(PlanStore(output.root).write(plan, summary))
+        output = JobOutput(spec.output.path)
+        if output.report() or output.shards.committed():
+            raise OutputExistsError(
+                f"output.path: {spec.output.path} holds a run; writing a plan there would "
+                "replace its plan under it; choose another output.path"
+            )
+        summary["written_to"] = output.plans.write(plan, {**summary, **plan_stamp(spec)})
     t = summary["tokens"]
     summary["projection"] = _projection(spec, t["prompt"] + t["output_at_most"])
     return summary

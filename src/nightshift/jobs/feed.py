@@ -24,27 +24,36 @@ REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engin
 
 
 class RequestFeed:
-    """The plan's records as engine requests, in run order, remembering each one's id and
-    kept columns until its result comes back."""
+    """The plan's records as engine requests, in run order, remembering each one's shard,
+    id and kept columns until its result comes back."""
 
     def __init__(self, spec: JobSpec, store: PlanStore, encoder: PromptEncoder) -> None:
         self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
         self.store, self.encoder = store, encoder
         self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
-        self.in_flight: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self.in_flight: dict[int, tuple[int, Any, dict[str, Any]]] = {}
 
-    def requests(self, shards: int) -> Iterator[EngineRequest]:
+    def requests(
+        self, shards: list[int], skip: dict[int, set] | None = None
+    ) -> Iterator[EngineRequest]:
+        """Requests for ``shards`` in plan order, leaving out ids in ``skip[shard]``
+        (records a shard already checkpointed)."""
         # Rendering and encoding run a few batches ahead in a thread (the tokenizer
         # releases the GIL), so the engine never waits on them.
-        for batch in prefetch(self._batches(shards), depth=4):
+        for batch in prefetch(self._batches(shards, skip or {}), depth=4):
             yield from batch
 
-    def _batches(self, shards: int) -> Iterator[list[EngineRequest]]:
-        for shard in range(shards):
+    def _batches(self, shards: list[int], skip: dict[int, set]) -> Iterator[list[EngineRequest]]:
+        for shard in shards:
+            done = skip.get(shard)
             for batch in self.store.shard_batches(shard, REQUEST_BATCH):
-                yield self._encode(pl.from_arrow(pa.Table.from_batches([batch])))
+                records = pl.from_arrow(pa.Table.from_batches([batch]))
+                if done:
+                    records = records.filter(~pl.col(self.id_column).is_in(list(done)))
+                if records.height:
+                    yield self._encode(shard, records)
 
-    def _encode(self, records: pl.DataFrame) -> list[EngineRequest]:
+    def _encode(self, shard: int, records: pl.DataFrame) -> list[EngineRequest]:
         segments = [s.to_list() for s in self.template.segment_texts(records)]
         token_ids = self.encoder.encode_records(
             self.template.system, self.template.head, list(zip(*segments, strict=True))
@@ -53,8 +62,9 @@ class RequestFeed:
         ids = records[self.id_column].to_list()
         positions = records["position"].to_list()
         for position, record_id, row in zip(positions, ids, kept, strict=True):
-            self.in_flight[position] = (record_id, row)
+            self.in_flight[position] = (shard, record_id, row)
         return [EngineRequest(p, t) for p, t in zip(positions, token_ids, strict=True)]
 
-    def answered(self, key: int) -> tuple[Any, dict[str, Any]]:
+    def answered(self, key: int) -> tuple[int, Any, dict[str, Any]]:
+        """The shard, id and kept columns of the record whose result has come back."""
         return self.in_flight.pop(key)

@@ -14,6 +14,7 @@ from nightshift.jobs.spec import JobSpec
 
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend
 GPU_BLOCK_SIZE = 16  # vLLM's default on GPUs
+FAKE_BLOCK_SIZE = 16  # the fake engine's default
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}
 
 
@@ -25,6 +26,8 @@ def block_size(spec: JobSpec) -> int:
     """The KV block size the engine will use."""
     if spec.engine.block_size is not None:
         return spec.engine.block_size
+    if spec.run.engine == "fake":
+        return FAKE_BLOCK_SIZE
     return GPU_BLOCK_SIZE if has_gpu() else CPU_BLOCK_SIZE
 
 

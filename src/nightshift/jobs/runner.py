@@ -1,38 +1,39 @@
-"""Run one job end to end: plan, start the engine, stream records through it, commit, report.
+"""Run one job end to end: plan (or resume), run the shards left, report.
 
 The runner owns the order of things and the clock; every step it calls lives in its
-own module (plan, engines, results, io.outputs, report). Records reach the engine in
-the plan's order, shard after shard, read from the plan's shard files.
+own module (plan, shards, engines, io.outputs, report). A rerun of the same spec into
+the same output resumes: the plan written by the first run is reused without reading
+the input again, committed shards are skipped, and a partly done shard continues after
+its last checkpoint. A rerun of a different spec is refused (see ``jobs.fingerprint``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from nightshift.engines import build_engine, check_engine_spec
-from nightshift.engines.base import Engine, EngineStats, Sampling
+from nightshift.engines.base import Engine, EngineInfo, EngineStats
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import JobAbortedError
-from nightshift.io.outputs import OutputDir
-from nightshift.io.planstore import PlanStore
-from nightshift.jobs.feed import RequestFeed
-from nightshift.jobs.plan import Plan, build_plan, describe
-from nightshift.jobs.report import RunTotals, Timings, build_report, prefix_reuse_section
-from nightshift.jobs.results import ResultTables
+from nightshift.errors import NightshiftError, OutputExistsError
+from nightshift.io.outputs import JobOutput, new_run_location
+from nightshift.jobs.fingerprint import changed_keys, fingerprint, plan_stamp, result_inputs
+from nightshift.jobs.plan import build_plan, describe
+from nightshift.jobs.report import Timings, build_report, output_section, prefix_reuse_section
+from nightshift.jobs.shards import ShardRunner
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import TaskHandler, answer_budget, handler_for
 
-FAIL_FAST_RECORDS = 50
+
+class ShardsFailedError(NightshiftError):
+    """Some shards are still failed after all their attempts; rerun to retry them."""
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     report: dict[str, Any]
-    output: OutputDir
+    location: str
 
 
 def load_encoder(spec: JobSpec) -> PromptEncoder:
@@ -41,112 +42,142 @@ def load_encoder(spec: JobSpec) -> PromptEncoder:
     return PromptEncoder.load(source, spec.model.trust_remote_code, key)
 
 
-def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
-    s = spec.sampling
-    budget = answer_budget(spec)
-    return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
-
-
 def run_job(
-    spec: JobSpec, *, overwrite: bool = False, engine: Engine | None = None, progress: bool = True
+    spec: JobSpec,
+    *,
+    overwrite: bool = False,
+    new_run: bool = False,
+    engine: Engine | None = None,
+    progress: bool = True,
 ) -> RunOutcome:
-    """Run ``spec``. Pass ``engine`` to reuse a running engine (its start-up is not billed)."""
+    """Run ``spec``, resuming a run of the same spec in its output. Pass ``engine`` to use
+    a running engine (its start-up is not billed); engines built here are rebuilt after
+    a crash."""
     started = time.perf_counter()
-    output = OutputDir(spec.output.path)
-    output.check_free(overwrite)  # refuse before any work, but delete nothing yet
+    output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     if engine is None:
         check_engine_spec(spec)
+    inputs = result_inputs(spec)
+    manifest = _resumable_plan(output, inputs, overwrite)
     encoder = load_encoder(spec)
-    plan = build_plan(spec, encoder, progress)
-    store = PlanStore(output.root)
-    store.write(plan, describe(plan, spec))  # before generation: the run follows it
+    if manifest is None:
+        plan = build_plan(spec, encoder, progress)
+        output.plans.write(plan, {**describe(plan, spec), **plan_stamp(spec)})  # before generation
+        manifest = output.plans.manifest()
     planned = time.perf_counter()
-    owned = engine is None and plan.records.height > 0  # nothing to run: no engine to start
-    if owned:
-        engine = build_engine(spec)
-    engine_ready = time.perf_counter()
-    try:
-        output.start()
-        before = engine.stats() if engine else EngineStats()
-        totals = _generate(spec, plan, RequestFeed(spec, store, encoder), engine, output, progress)
-        stats = _delta(engine.stats(), before) if engine else EngineStats()
-    finally:
-        if owned:
-            engine.close()
-    generated = time.perf_counter()
+    committed = output.shards.committed()
+    todo = [s for s in range(manifest["shards"]["count"]) if s not in committed]
+    runner = ShardRunner(spec, output.plans, output.shards, manifest, encoder)
+    engines = EnginePool(spec, engine)
+    runner.run(todo, engines, progress)
+    finished = time.perf_counter()
     times = Timings(
-        total=generated - started,
+        total=finished - started,
         plan=planned - started,
-        engine_startup=engine_ready - planned,
-        generate=generated - engine_ready,
+        engine_startup=engines.startup_s,
+        generate=finished - planned - engines.startup_s,
     )
-    info = engine.info if engine else None
-    report = build_report(spec.name, totals, times, stats, info, spec.cost)
-    report["prefix_reuse"] = prefix_reuse_section(plan.prefix_reuse, totals)
-    report["plan"] = {"path": str(store.root), "shards": plan.shard_count}
+    report = _report(spec, output, manifest, runner, engines, times)
+    if runner.failures:
+        names = ", ".join(f"shard {s} ({e})" for s, e in sorted(runner.failures.items()))
+        raise ShardsFailedError(
+            f"{len(runner.failures)} shard(s) still failed after {spec.run.shard_attempts} "
+            f"attempts: {names}; rerun the same command to retry them"
+        )
+    return RunOutcome(report, output.location)
+
+
+def _resumable_plan(
+    output: JobOutput, inputs: dict[str, Any], overwrite: bool
+) -> dict[str, Any] | None:
+    """The plan of an earlier run of the same job here, to resume; None to plan afresh.
+    Refuses an output that holds a different job's run."""
+    if overwrite:
+        output.clear()
+        return None
+    manifest = output.plans.manifest()
+    if manifest is None:
+        if output.holds_a_run():
+            raise OutputExistsError(
+                f"output.path: {output.location} holds a run nightshift cannot resume (no "
+                "plan.json); pass --overwrite to replace it or --new-run to start beside it"
+            )
+        return None
+    if manifest.get("fingerprint") != fingerprint(inputs):
+        changed = changed_keys(manifest.get("fingerprint_inputs", {}), inputs)
+        raise OutputExistsError(
+            f"output.path: {output.location} holds a run of a different job "
+            f"({', '.join(changed)} changed); run the spec it was made with to resume it, "
+            "pass --new-run to start a fresh run beside it, or --overwrite to replace it"
+        )
+    return manifest
+
+
+def _report(
+    spec: JobSpec,
+    output: JobOutput,
+    manifest: dict[str, Any],
+    runner: ShardRunner,
+    engines: EnginePool,
+    times: Timings,
+) -> dict[str, Any]:
+    """This run's figures, the whole output's counts from the commit markers, written
+    after the stale files of dead or losing attempts are deleted."""
+    markers = output.shards.committed()
+    report = build_report(spec.name, runner.totals, times, engines.stats, engines.info, spec.cost)
+    report.update(output_section(manifest, markers, runner.failures))
+    report["this_run"] = {
+        "attempt": runner.attempt,
+        "shards_committed": sorted(runner.committed),
+        "records_answered": runner.totals.ok + runner.totals.failed,
+        "engine_starts": engines.starts,
+    }
+    report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
+    report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     # The settings that produced these rows travel with them (temperature 0 is not enough
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)
-    output.commit(report)
-    return RunOutcome(report, output)
+    output.shards.delete_unnamed(markers)
+    report["report"] = output.write_report(report)
+    return report
 
 
-def _generate(
-    spec: JobSpec,
-    plan: Plan,
-    feed: RequestFeed,
-    engine: Engine | None,
-    output: OutputDir,
-    progress: bool,
-) -> RunTotals:
-    """Stream the plan through the engine; write a results part every ``chunk_records``."""
-    task = handler_for(spec.task)
-    tables = ResultTables(plan.input_schema, spec.input.id_column, spec.input.keep_columns, task)
-    totals = RunTotals(input_records=plan.input_records, rejected=plan.rejects.height)
-    ok, failed, parts = [], [], 0
-    bar = tqdm(total=plan.records.height, desc="generate", unit="rec", disable=not progress)
-    runnable = engine is not None and plan.records.height > 0
-    results = (
-        engine.run(feed.requests(plan.shard_count), sampling_for(spec, task))
-        if runnable
-        else iter(())
-    )
-    for result in results:
-        row, is_ok = tables.row(*feed.answered(result.key), result)
-        (ok if is_ok else failed).append(row)
-        totals.count(row, is_ok)
-        _stop_if_everything_fails(totals, failed)
-        if len(ok) >= spec.run.chunk_records:
-            output.write_part(parts, tables.results_table(ok))
-            ok, parts = [], parts + 1
-        bar.update(1)
-        if progress and bar.n % 256 == 0:
-            _show_speed(bar, totals)
-    if ok or parts == 0:
-        output.write_part(parts, tables.results_table(ok))
-    bar.close()
-    output.write_rejects(tables.rejects_table(feed.store.rejects()))
-    output.write_failed(tables.failed_table(failed))
-    return totals
+@dataclass
+class EnginePool:
+    """Engines for one run: the caller's, or ones built from the spec, a fresh one after
+    each crash. Adds up start-up time and the engines' own counters."""
 
+    spec: JobSpec
+    given: Engine | None
+    startup_s: float = 0.0
+    starts: int = 0
+    stats: EngineStats = field(default_factory=EngineStats)
+    info: EngineInfo | None = None
+    _before: EngineStats = field(default_factory=EngineStats)
 
-def _stop_if_everything_fails(totals: RunTotals, failed: list[dict]) -> None:
-    """The first records all failing alike means the job is wrong, not the records
-    (for example a JSON schema the engine cannot compile): stop before spending the rest."""
-    if totals.ok or totals.failed != FAIL_FAST_RECORDS:
-        return
-    errors = {row["error"] for row in failed}
-    if len(errors) == 1:
-        raise JobAbortedError(
-            f"the first {FAIL_FAST_RECORDS} records all failed with: {errors.pop()}; "
-            "stopped so the rest of the job is not spent the same way"
-        )
+    def acquire(self) -> Engine:
+        if self.given is not None:
+            self._before = self.given.stats()
+            return self.given
+        began = time.perf_counter()
+        engine = build_engine(self.spec)
+        self.startup_s += time.perf_counter() - began
+        self.starts += 1
+        self._before = EngineStats()
+        return engine
 
-
-def _show_speed(bar: tqdm, totals: RunTotals) -> None:
-    elapsed = max(bar.format_dict["elapsed"], 1e-9)
-    bar.set_postfix(tok_s=f"{totals.all_tokens / elapsed:,.0f}", refresh=False)
+    def release(self, engine: Engine) -> None:
+        self.info = engine.info
+        # A dead engine may not answer at all; the results' own counts remain.
+        with contextlib.suppress(Exception):
+            self.stats = _add(self.stats, _delta(engine.stats(), self._before))
+        if engine is not self.given:
+            engine.close()
 
 
 def _delta(after: EngineStats, before: EngineStats) -> EngineStats:
     return EngineStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})
+
+
+def _add(a: EngineStats, b: EngineStats) -> EngineStats:
+    return EngineStats(**{k: v + getattr(b, k) for k, v in vars(a).items()})

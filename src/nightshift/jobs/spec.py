@@ -269,8 +269,20 @@ class RunSpec(_Section):
     chunk_records: int = Field(
         default=4096,
         gt=0,
-        description="Answered records per results part file. The engine is fed "
-        "continuously either way; smaller parts put results on disk sooner.",
+        description="A shard checkpoints its answers every this many records, so a crash "
+        "loses at most one chunk. The engine is fed continuously either way.",
+    )
+    chunk_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A shard also checkpoints when this long has passed since its last "
+        "checkpoint, so a slow job loses at most this much work.",
+    )
+    shard_attempts: int = Field(
+        default=3,
+        gt=0,
+        description="Attempts per shard when the engine dies under it (each on a fresh "
+        "engine, continuing from its checkpoints) before the shard is reported failed.",
     )
     engine: Literal["vllm", "fake"] = Field(
         default="vllm",

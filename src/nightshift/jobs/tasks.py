@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from nightshift.engines.base import Constraint
+from nightshift.engines.base import Constraint, Sampling
 from nightshift.errors import RecordError
 from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask, JobSpec
 
@@ -81,3 +81,9 @@ def handler_for(task: GenerateTask | ClassifyTask | ExtractTask) -> TaskHandler:
 def answer_budget(spec: JobSpec) -> int:
     """Tokens reserved for each answer: sampling.max_tokens, raised where the task needs it."""
     return max(spec.sampling.max_tokens, handler_for(spec.task).min_tokens)
+
+
+def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
+    s = spec.sampling
+    budget = answer_budget(spec)
+    return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)

@@ -1,0 +1,156 @@
+"""Durable shards: checkpoints while a shard runs, one marker when it commits.
+
+Layout under the output (local directory or S3 prefix)::
+
+    committed/shard-00000.json           the commit marker: the shard's exact files, row
+                                         counts and checksums, and its counts and tokens
+    results/shard-00000-<attempt>.parquet  a committed shard's answers
+    failed/shard-00000-<attempt>.parquet   a committed shard's failed records
+    _work/shard-00000/progress.json      checkpoints of a shard still running: its chunks
+    _work/shard-00000/<attempt>-00003.ok.parquet / .failed.parquet   one chunk
+
+The protocol, for a crash at any instant:
+
+* A chunk is written under a key no other attempt uses, then ``progress.json`` is
+  rewritten to name it. A crash between the two loses that one chunk, never more.
+* A shard commits by writing its merged data under attempt-unique keys, then creating
+  its marker with a conditional put (create only if absent): of two attempts racing, one
+  marker wins and the loser deletes its files. Object stores have no rename; the marker
+  decides which attempt's files count.
+* Readers, ``status`` and resume trust markers and progress files only, never a listing.
+  Listings are used for one thing: deleting files no marker names (losers and the
+  leftovers of attempts that died between data and marker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nightshift.errors import ObjectNotFound
+from nightshift.faults import crash_point
+from nightshift.io.objectstore import ObjectStore
+
+COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
+# The only names nightshift writes in results/ and failed/; nothing else there is touched.
+DATA_FILE = re.compile(r"^(results|failed)/shard-\d{5}-[0-9a-f]+\.parquet$")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    key: str
+    rows: int
+    sha256: str
+    kind: str  # "ok" or "failed"
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:05d}"
+
+
+class ShardStore:
+    """Checkpoints and commits of one output's shards."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def marker_key(self, shard: int) -> str:
+        return f"{COMMITTED}/{shard_name(shard)}.json"
+
+    def progress_key(self, shard: int) -> str:
+        return f"{WORK}/{shard_name(shard)}/progress.json"
+
+    def committed(self) -> dict[int, dict[str, Any]]:
+        """Every commit marker, by shard."""
+        markers = {}
+        for key in self.store.list(f"{COMMITTED}/"):
+            if key.endswith(".json"):
+                marker = json.loads(self.store.get_bytes(key))
+                markers[marker["shard"]] = marker
+        return markers
+
+    def checkpoint(self, shard: int) -> list[StoredFile]:
+        """The chunks a shard has checkpointed so far (none if it never checkpointed)."""
+        try:
+            progress = json.loads(self.store.get_bytes(self.progress_key(shard)))
+        except ObjectNotFound:
+            return []
+        return [StoredFile(**f) for f in progress["files"]]
+
+    def write_chunk(
+        self, shard: int, attempt: str, index: int, tables: dict[str, pa.Table]
+    ) -> list[StoredFile]:
+        """Write one chunk (its ok and failed rows), then name it in progress.json."""
+        done = self.checkpoint(shard)
+        prefix = f"{WORK}/{shard_name(shard)}/{attempt}-{index:05d}"
+        added = [
+            self._put_table(f"{prefix}.{kind}.parquet", table, kind)
+            for kind, table in tables.items()
+            if table.num_rows
+        ]
+        crash_point("chunk.written")
+        files = done + added
+        payload = {"shard": shard, "files": [asdict(f) for f in files], "updated": time.time()}
+        self.store.put_bytes(self.progress_key(shard), json.dumps(payload).encode())
+        return files
+
+    def read(self, files: list[StoredFile], kind: str) -> list[pa.Table]:
+        return [self._get_table(f.key) for f in files if f.kind == kind]
+
+    def commit(
+        self, shard: int, attempt: str, tables: dict[str, pa.Table], summary: dict[str, Any]
+    ) -> bool:
+        """Write the shard's data, then its marker. False if another attempt committed it
+        first (this attempt's files are then deleted)."""
+        folders = {"ok": RESULTS, "failed": FAILED}
+        files = [
+            self._put_table(f"{folders[kind]}/{shard_name(shard)}-{attempt}.parquet", t, kind)
+            for kind, t in tables.items()
+        ]
+        crash_point("shard.data_written")
+        marker = {"shard": shard, "attempt": attempt, "files": [asdict(f) for f in files]}
+        marker.update(summary, committed_at=time.time())
+        if not self.store.put_if_absent(self.marker_key(shard), json.dumps(marker).encode()):
+            self.store.delete([f.key for f in files])
+            return False
+        self.forget_work(shard)
+        return True
+
+    def forget_work(self, shard: int) -> None:
+        """Delete a committed shard's checkpoints (the marker names its data now)."""
+        self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
+
+    def delete_unnamed(self, markers: dict[int, dict[str, Any]]) -> int:
+        """Delete result and failure files no marker names; returns how many."""
+        named = {f["key"] for m in markers.values() for f in m["files"]}
+        stale = [key for key in self.data_files() if key not in named]
+        self.store.delete(stale)
+        return len(stale)
+
+    def data_files(self) -> list[str]:
+        """Every result or failure file nightshift may have written here (a listing: for
+        clean-up only, never for reading)."""
+        keys = self.store.list(f"{RESULTS}/") + self.store.list(f"{FAILED}/")
+        return [key for key in keys if DATA_FILE.match(key)]
+
+    def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
+        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
+            path = Path(tmp) / "part.parquet"
+            pq.write_table(table, path, compression="zstd")
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            self.store.put_file(key, path)
+        return StoredFile(key, table.num_rows, digest, kind)
+
+    def _get_table(self, key: str) -> pa.Table:
+        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
+            path = self.store.download(key, Path(tmp) / "part.parquet")
+            return pq.read_table(path)

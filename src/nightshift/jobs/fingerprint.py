@@ -1,0 +1,95 @@
+"""The fingerprint of what a run's results depend on.
+
+Stored with the plan; a rerun into the same output must match it, or a resumed job
+would mix answers from two different prompts, models or sampling settings (a stale
+checkpoint reused after the prompt changed is a classic way to ruin a dataset).
+
+What counts: the model and tokenizer (by the files that define them, not by path), the
+input's id and kept columns, the prompt, the task, sampling, and the engine settings that
+change the numbers (weights dtype, KV cache dtype, context length, any ``engine.extra``
+not known to be harmless). What does not: where the output goes, shard sizes, batch
+sizes, memory settings, prices. (Batch composition does move temperature-0 results by
+rounding; nightshift records the settings with every run instead of pretending
+otherwise.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from nightshift.engines.tokenizer import model_source
+from nightshift.jobs.spec import JobSpec
+
+# engine.extra keys that change speed or memory, never answers.
+HARMLESS_ENGINE_EXTRA = frozenset(
+    {
+        "enforce_eager",
+        "num_gpu_blocks_override",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "swap_space",
+        "disable_log_stats",
+        "max_seq_len_to_capture",
+        "compilation_config",
+    }
+)
+_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def result_inputs(spec: JobSpec) -> dict[str, Any]:
+    """The parts of ``spec`` (and of the model folder) that results depend on."""
+    data = spec.model_dump(mode="json", by_alias=True)
+    extra = {k: v for k, v in data["engine"]["extra"].items() if k not in HARMLESS_ENGINE_EXTRA}
+    return {
+        "input.id_column": data["input"]["id_column"],
+        "input.keep_columns": data["input"]["keep_columns"],
+        "prompt": data["prompt"],
+        "task": data["task"],
+        "sampling": data["sampling"],
+        "model.identity": model_identity(spec.model.path),
+        "model.tokenizer": model_identity(spec.model.tokenizer) if spec.model.tokenizer else None,
+        "model.dtype": spec.model.dtype,
+        "model.max_model_len": spec.model.max_model_len,
+        "engine.kv_cache_dtype": spec.engine.kv_cache_dtype,
+        "engine.extra": extra,
+    }
+
+
+def plan_stamp(spec: JobSpec) -> dict[str, Any]:
+    """What a plan.json carries so a later run can tell whether it may resume."""
+    inputs = result_inputs(spec)
+    return {"fingerprint": fingerprint(inputs), "fingerprint_inputs": inputs}
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Which fingerprinted keys differ, for the refusal message."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def model_identity(name_or_path: str) -> dict[str, Any]:
+    """A model folder by the content of its small files and the names and sizes of its
+    weights (hashing gigabytes of weights on every run would cost minutes); a hub id by
+    its name."""
+    folder = Path(model_source(name_or_path))
+    if not folder.is_dir():
+        return {"hub_id": name_or_path}
+    small = {}
+    for name in _MODEL_FILES:
+        path = folder / name
+        if path.is_file():
+            small[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    weights = {
+        p.name: p.stat().st_size
+        for p in sorted(folder.iterdir())
+        if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")
+    }
+    return {"files": small, "weights": weights}

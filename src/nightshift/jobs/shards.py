@@ -1,0 +1,237 @@
+"""Run shards through an engine: checkpoint as they go, commit each when it is whole.
+
+Records stream through one engine across shard boundaries (the batch never drains
+between shards). Each shard keeps its answers in memory until ``run.chunk_records``
+of them or ``run.chunk_seconds`` have passed, then checkpoints them as a chunk; when
+its last record is answered it commits (see ``io.shardstore``). A per-record error is
+a failed row and the shard goes on. An engine that dies fails the attempt of every
+shard in flight: what they checkpointed stays, and they continue on a fresh engine,
+up to ``run.shard_attempts`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm.auto import tqdm
+
+from nightshift.engines.base import Engine
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import EngineFatalError, JobAbortedError
+from nightshift.io.planstore import PlanStore, input_schema
+from nightshift.io.shardstore import ShardStore, StoredFile
+from nightshift.jobs.feed import RequestFeed
+from nightshift.jobs.report import RunTotals
+from nightshift.jobs.results import ResultTables
+from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import handler_for, sampling_for
+
+log = logging.getLogger(__name__)
+FAIL_FAST_RECORDS = 50
+
+
+class EngineSource(Protocol):
+    """Hands out engines: a fresh one after a crash (see ``runner.EnginePool``)."""
+
+    def acquire(self) -> Engine: ...
+
+    def release(self, engine: Engine) -> None: ...
+
+
+@dataclass
+class ShardWork:
+    """One shard in progress: its checkpointed chunks and the answers held since."""
+
+    shard: int
+    planned: int
+    files: list[StoredFile]
+    done_ids: set = field(default_factory=set)
+    ok: list[dict] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+    chunks: int = 0
+    answered_now: int = 0  # by the current engine: an engine that dies costs these an attempt
+
+    @property
+    def held(self) -> int:
+        return len(self.ok) + len(self.failed)
+
+    @property
+    def remaining(self) -> int:
+        return self.planned - len(self.done_ids) - self.held
+
+
+class ShardRunner:
+    """Runs the uncommitted shards of one planned job."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        plans: PlanStore,
+        shards: ShardStore,
+        manifest: dict[str, Any],
+        encoder: PromptEncoder,
+    ) -> None:
+        self.spec, self.plans, self.shards, self.encoder = spec, plans, shards, encoder
+        self.task = handler_for(spec.task)
+        self.tables = ResultTables(
+            input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
+        )
+        self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
+        self.attempt = uuid.uuid4().hex[:8]
+        self.totals = RunTotals()
+        self.attempts: Counter = Counter()
+        self.failures: dict[int, str] = {}
+        self.committed: list[int] = []
+
+    def run(self, todo: list[int], engines: EngineSource, progress: bool) -> None:
+        """Run ``todo`` to commit, retrying shards whose engine died."""
+        while todo:
+            work = {s: self._resume(s) for s in todo}
+            for w in [w for w in work.values() if w.remaining == 0]:
+                self._finish(w)  # every record already checkpointed: commit, no engine
+                del work[w.shard]
+            if not work:
+                return
+            engine = engines.acquire()
+            try:
+                self._generate(engine, work, progress)
+                return
+            except EngineFatalError as exc:
+                todo = self._after_crash(work, exc)
+            finally:
+                engines.release(engine)
+
+    def _resume(self, shard: int) -> ShardWork:
+        files = self.shards.checkpoint(shard)
+        work = ShardWork(shard, self.planned[shard], files, chunks=len(files))
+        for table in self.shards.read(files, "ok") + self.shards.read(files, "failed"):
+            work.done_ids.update(table.column(self.spec.input.id_column).to_pylist())
+        return work
+
+    def _generate(self, engine: Engine, work: dict[int, ShardWork], progress: bool) -> None:
+        feed = RequestFeed(self.spec, self.plans, self.encoder)
+        order = sorted(work)
+        skip = {s: w.done_ids for s, w in work.items() if w.done_ids}
+        total = sum(w.remaining for w in work.values())
+        bar = tqdm(total=total, desc="generate", unit="rec", disable=not progress)
+        sampling = sampling_for(self.spec, self.task)
+        for result in engine.run(feed.requests(order, skip), sampling):
+            shard, record_id, kept = feed.answered(result.key)
+            row, ok = self.tables.row(record_id, kept, result)
+            w = work[shard]
+            w.answered_now += 1
+            (w.ok if ok else w.failed).append(row)
+            self.totals.count(row, ok)
+            self._stop_if_everything_fails(w)
+            if w.remaining == 0:
+                self._finish(w)
+            elif self._due(w):
+                self._checkpoint(w)
+            bar.update(1)
+            if progress and bar.n % 256 == 0:
+                _show_speed(bar, self.totals)
+        bar.close()
+
+    def _due(self, w: ShardWork) -> bool:
+        run = self.spec.run
+        return w.held >= run.chunk_records or time.monotonic() - w.since >= run.chunk_seconds
+
+    def _checkpoint(self, w: ShardWork) -> None:
+        if not w.held:
+            return
+        tables = {
+            "ok": self.tables.results_table(w.ok),
+            "failed": self.tables.failed_table(w.failed),
+        }
+        w.files = self.shards.write_chunk(w.shard, self.attempt, w.chunks, tables)
+        w.chunks += 1
+        w.done_ids.update(r[self.spec.input.id_column] for r in w.ok + w.failed)
+        w.ok, w.failed, w.since = [], [], time.monotonic()
+
+    def _finish(self, w: ShardWork) -> None:
+        """Merge the shard's chunks and held answers, check it reconciles, commit it."""
+        ok = _concat(self.shards.read(w.files, "ok") + [self.tables.results_table(w.ok)])
+        failed = _concat(self.shards.read(w.files, "failed") + [self.tables.failed_table(w.failed)])
+        if ok.num_rows + failed.num_rows != w.planned:
+            raise AssertionError(
+                f"shard {w.shard} does not reconcile: {w.planned} planned, "
+                f"{ok.num_rows} ok + {failed.num_rows} failed"
+            )
+        summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
+        if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
+            log.warning(
+                "shard %d was committed by another attempt; this one's copy is dropped", w.shard
+            )
+        self.committed.append(w.shard)
+        w.ok, w.failed = [], []
+
+    def _after_crash(self, work: dict[int, ShardWork], exc: EngineFatalError) -> list[int]:
+        """Checkpoint what the dead engine answered; count an attempt for each shard it
+        was working on (the first unfinished one, if it died before answering any)."""
+        open_work = [w for w in work.values() if w.shard not in self.committed]
+        hit = [w for w in open_work if w.answered_now] or open_work[:1]
+        retry = []
+        for w in open_work:
+            self._checkpoint(w)
+            w.answered_now = 0
+            if w not in hit:
+                retry.append(w.shard)
+                continue
+            self.attempts[w.shard] += 1
+            if self.attempts[w.shard] >= self.spec.run.shard_attempts:
+                self.failures[w.shard] = str(exc)
+            else:
+                retry.append(w.shard)
+        log.warning("engine died (%s); retrying shards %s on a fresh engine", exc, retry)
+        return retry
+
+    def _stop_if_everything_fails(self, w: ShardWork) -> None:
+        """The first records all failing alike means the job is wrong, not the records
+        (for example a JSON schema the engine cannot compile): stop before spending the rest."""
+        if self.totals.ok or self.totals.failed != FAIL_FAST_RECORDS:
+            return
+        errors = {row["error"] for row in w.failed}
+        if len(errors) == 1:
+            raise JobAbortedError(
+                f"the first {FAIL_FAST_RECORDS} records all failed with: {errors.pop()}; "
+                "stopped so the rest of the job is not spent the same way"
+            )
+
+
+def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -> dict[str, Any]:
+    """What a commit marker records about its shard, beside its files."""
+    tokens = {
+        name: sum(pc.sum(t.column(column)).as_py() or 0 for t in (ok, failed))
+        for name, column in (
+            ("prompt", "prompt_tokens"),
+            ("prompt_cached", "cached_tokens"),
+            ("output", "output_tokens"),
+        )
+    }
+    reasons = Counter(
+        ok.column("finish_reason").to_pylist() + failed.column("finish_reason").to_pylist()
+    )
+    reasons.pop(None, None)
+    return {
+        "records": {"planned": planned, "ok": ok.num_rows, "failed": failed.num_rows},
+        "tokens": tokens,
+        "finish_reasons": dict(sorted(reasons.items())),
+        "attempts": attempts,
+    }
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return pa.concat_tables(tables)
+
+
+def _show_speed(bar: tqdm, totals: RunTotals) -> None:
+    elapsed = max(bar.format_dict["elapsed"], 1e-9)
+    bar.set_postfix(tok_s=f"{totals.all_tokens / elapsed:,.0f}", refresh=False)

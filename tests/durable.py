@@ -1,0 +1,80 @@
+"""Helpers for the durable-output tests: run jobs in subprocesses, read what they left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nightshift.io.outputs import JobOutput, committed_files
+
+NIGHTSHIFT = [sys.executable, "-m", "nightshift.cli"]
+
+
+def run_cli(
+    spec: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*NIGHTSHIFT, "jobs", "run", str(spec), "-q", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_table(output: JobOutput, uri: str) -> pa.Table:
+    import tempfile
+
+    key = uri.removeprefix(output.store.root + "/")
+    with tempfile.TemporaryDirectory() as tmp:
+        return pq.read_table(output.store.download(key, Path(tmp) / "f.parquet"))
+
+
+def committed_ids(location: str, id_column: str) -> dict[str, list]:
+    """Ids in the committed results, failures and rejects (markers only, never a listing)."""
+    output = JobOutput(location)
+    ids: dict[str, list] = {}
+    for kind in ("results", "failed"):
+        tables = [read_table(output, uri) for uri in committed_files(location, kind)]
+        ids[kind] = [i for t in tables for i in t.column(id_column).to_pylist()]
+    rejects = read_table(output, output.store.uri("rejects.parquet"))
+    ids["rejects"] = rejects.column(id_column).to_pylist()
+    return ids
+
+
+def assert_exactly_once(location: str, id_column: str, input_ids: list) -> None:
+    """Every input id in exactly one of results, failed, rejects; every shard reconciles."""
+    ids = committed_ids(location, id_column)
+    everything = ids["results"] + ids["failed"] + ids["rejects"]
+    assert sorted(everything, key=str) == sorted(input_ids, key=str), {
+        k: len(v) for k, v in ids.items()
+    }
+    for marker in JobOutput(location).shards.committed().values():
+        records = marker["records"]
+        assert records["planned"] == records["ok"] + records["failed"]
+
+
+def generated_keys(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+def shard_positions(location: str) -> dict[int, set[int]]:
+    """The plan's positions of each shard's records."""
+    import tempfile
+
+    output = JobOutput(location)
+    with tempfile.TemporaryDirectory() as tmp:
+        frame = pl.read_parquet(output.store.download("plan/records.parquet", Path(tmp) / "r.pq"))
+    return {shard: set(g["position"].to_list()) for (shard,), g in frame.group_by("shard")}
+
+
+def report(location: str) -> dict[str, Any]:
+    return json.loads(JobOutput(location).store.get_bytes("report.json"))
