@@ -102,7 +102,7 @@ def free_port_pairs(count: int, rng: random.Random) -> list[int]:
     """
     ports: list[int] = []
     while len(ports) < count:
-        port = rng.randrange(11_000, 22_000)
+        port = rng.randrange(11_000, 21_000)  # so no HTTP port is another one's gRPC port
         if port not in ports and _bindable(port) and _bindable(port + GRPC_OFFSET):
             ports.append(port)
     return ports
