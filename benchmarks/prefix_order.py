@@ -137,11 +137,16 @@ def write_spec(tmp: Path, rows: list[dict], blocks: int) -> Path:
 
 def token_ids(spec, rows: list[dict]) -> list[list[int]]:
     """nightshift's own token ids for ``rows`` (the one call that follows its encoder API)."""
+    import polars as pl
+
     from nightshift.jobs.runner import load_encoder
     from nightshift.scheduling.prompts import PromptTemplate
 
+    # Exactly as a run encodes them: segment by segment (see PromptEncoder.encode_records).
     template = PromptTemplate(spec.prompt.template, spec.prompt.system)
-    return load_encoder(spec).encode([template.render(row) for row in rows])
+    segments = [s.to_list() for s in template.segment_texts(pl.DataFrame(rows))]
+    records = list(zip(*segments, strict=True))
+    return load_encoder(spec).encode_records(template.system, template.head, records)
 
 
 def messages(row: dict) -> list[dict]:

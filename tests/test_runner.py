@@ -156,9 +156,7 @@ def test_a_job_with_nothing_runnable_starts_no_engine(models, tmp_path, monkeypa
     write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s", "body": None}])
     spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
     report = run_job(spec, progress=False).report
-    assert report["records"] == {
-        "input": 1, "ok": 0, "rejected": 1, "failed": 0, "not_yet_run": 0
-    }
+    assert report["records"] == {"input": 1, "ok": 0, "rejected": 1, "failed": 0, "not_yet_run": 0}
     assert report["engine"] == {}
     assert report["spec"]["input"]["path"] == str(tmp_path / "in.parquet")
 

@@ -8,9 +8,12 @@ and phase-time counters from ``LLM.get_metrics()``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -109,6 +112,9 @@ class VllmEngine:
         )
         max_num_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
         self.read_ahead = max(4 * max_num_seqs, 256)
+        self._alive = threading.Event()
+        self._alive.set()
+        _wake_reader_when_engine_dies(llm, self._alive)
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> VllmEngine:
@@ -165,8 +171,9 @@ class VllmEngine:
         except EngineDeadError as exc:
             raise EngineFatalError(f"vLLM engine died: {exc}") from exc
         finally:
-            if in_flight and self._llm is not None:  # the caller stopped early
-                engine.abort_request(list(in_flight))
+            if in_flight and self._llm is not None:  # the caller stopped early, or it died
+                with contextlib.suppress(Exception):  # a dead engine cannot abort anything
+                    engine.abort_request(list(in_flight))
 
     def _add(self, engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
         """Queue one request; vLLM's own input checks failing is that record's error."""
@@ -195,11 +202,35 @@ class VllmEngine:
         return stats
 
     def close(self) -> None:
+        self._alive.clear()
         engine = getattr(self._llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if shutdown:
             shutdown()
         self._llm = None
+
+
+def _wake_reader_when_engine_dies(llm: Any, alive: threading.Event) -> None:
+    """vLLM's synchronous client waits on its output queue forever if the engine process
+    dies: its monitor thread marks the engine dead but never wakes that reader (the
+    async client does). Watch the same flag and put the error in the queue, so a dead
+    engine becomes an EngineDeadError, and a retried shard, instead of a silent hang."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    resources = getattr(core, "resources", None)
+    queue = getattr(core, "outputs_queue", None)
+    if resources is None or queue is None or not hasattr(resources, "engine_dead"):
+        return
+
+    def watch() -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        while alive.is_set():  # cleared by close(): a planned shutdown is not a death
+            if resources.engine_dead:
+                queue.put_nowait(EngineDeadError())
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="nightshift-engine-watch", daemon=True).start()
 
 
 def _start_llm(args: dict[str, Any]) -> Any:
