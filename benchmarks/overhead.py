@@ -37,8 +37,7 @@ def bare_generate(spec, token_ids: list[list[int]]) -> dict:
     from vllm.inputs import TokensPrompt
 
     from nightshift.engines.vllm_engine import VllmEngine, _sampling_params
-    from nightshift.jobs.runner import sampling_for
-    from nightshift.jobs.tasks import handler_for
+    from nightshift.jobs.tasks import handler_for, sampling_for
 
     started = time.perf_counter()
     engine = VllmEngine.from_spec(spec)  # same arguments and FP8 fallback as a job
@@ -61,6 +60,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=8000)
     args = parser.parse_args()
 
+    from nightshift.io.objectstore import open_store
     from nightshift.io.planstore import PlanStore
     from nightshift.jobs.loading import load_spec
     from nightshift.jobs.runner import RequestFeed, load_encoder, run_job
@@ -70,8 +70,9 @@ def main() -> None:
         spec = load_spec(ROOT / "configs/classify.yaml", overrides)
         report = run_job(spec, progress=False).report
         # The same prompts, in the order the run took them, from the plan it wrote.
-        feed = RequestFeed(spec, PlanStore(Path(tmp) / "out"), load_encoder(spec))
-        token_ids = [r.token_ids for r in feed.requests(report["plan"]["shards"])]
+        feed = RequestFeed(spec, PlanStore(open_store(f"{tmp}/out")), load_encoder(spec))
+        shards = list(range(report["shards"]["count"]))
+        token_ids = [r.token_ids for r in feed.requests(shards)]
         bare = bare_generate(spec, token_ids)
 
     ours = report["time_s"]["generate"]

@@ -139,9 +139,16 @@ def test_a_different_job_is_not_mixed_into_an_output(models, ticket_dir, tmp_pat
 def test_output_reads_in_pyarrow_and_duckdb(models, ticket_dir, tmp_path):
     import duckdb
 
-    run(models, ticket_dir, tmp_path / "out", run={"chunk_records": 50})
+    from nightshift import committed_files
+
+    run(models, ticket_dir, tmp_path / "out", plan={"shard_records": 50})
+    files = committed_files(str(tmp_path / "out"))  # the README's one-liners
+    assert len(files) == 3
+    assert pl.read_parquet(files)["ticket_id"].n_unique() == 120
+    assert pq.ParquetDataset(files).read().num_rows == 120
+    [(count,)] = duckdb.read_parquet(files).aggregate("count(distinct ticket_id)").fetchall()
+    assert count == 120
     parts = str(tmp_path / "out" / "results" / "*.parquet")
-    assert pq.ParquetDataset(tmp_path / "out" / "results").read().num_rows == 120
     [(count,)] = duckdb.sql(f"select count(distinct ticket_id) from '{parts}'").fetchall()
     assert count == 120
 

@@ -130,6 +130,11 @@ def _report(
         "attempt": runner.attempt,
         "shards_committed": sorted(runner.committed),
         "records_answered": runner.totals.ok + runner.totals.failed,
+        "tokens": {
+            "prompt": runner.totals.prompt_tokens,
+            "prompt_cached": runner.totals.prompt_tokens_cached,
+            "output": runner.totals.output_tokens,
+        },
         "engine_starts": engines.starts,
     }
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
