@@ -70,3 +70,28 @@ def test_a_job_completes_exactly_through_an_endpoint_that_fails_requests(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.endpoint)  # read back without faults
     assert_exactly_once(out, "ticket_id", ids)
     assert report(out)["records"]["rejected"] == 1
+
+
+def test_kills_at_random_moments_on_s3_never_lose_or_repeat_a_record(s3_job, s3_env):
+    """Timed SIGKILLs land wherever they land: mid-plan, mid-chunk, mid-upload."""
+    import os
+    import subprocess
+    import time
+
+    from .durable import NIGHTSHIFT
+
+    spec_path, _, out, ids = s3_job
+    env = {**os.environ, **s3_env.env(), "NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.03"}
+    for delay in (5.0, 7.0):
+        process = subprocess.Popen(
+            [*NIGHTSHIFT, "jobs", "run", str(spec_path), "-q"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    final = run_cli(spec_path, env=s3_env.env())
+    assert final.returncode == 0, final.stderr
+    assert_exactly_once(out, "ticket_id", ids)

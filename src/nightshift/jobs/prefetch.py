@@ -1,50 +1,61 @@
-"""Run a generator a few items ahead in a background thread."""
+"""Run a generator ahead in a background thread."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 _DONE = object()
 
 
-def prefetch(items: Iterator[T], depth: int) -> Iterator[T]:
-    """Yield ``items`` while a thread computes up to ``depth`` more.
+class Prefetch(Generic[T]):
+    """Iterate ``items`` while a thread computes up to ``depth`` more.
 
-    An exception in the producer is raised here, in the consumer, at the point it would
-    have been raised without the thread. Closing the consumer early stops the producer.
+    The thread starts at once, not at the first ``next``: a feed built before the
+    engine starts gets its first batches rendered and encoded during engine start-up,
+    when the CPU is otherwise idle. An exception in the producer is raised to the
+    consumer where it would have been raised without the thread; ``close`` (or garbage
+    collection of an abandoned iteration) stops the producer.
     """
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
 
-    def produce() -> None:
+    def __init__(self, items: Iterator[T], depth: int) -> None:
+        self._ready: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._worker = threading.Thread(
+            target=self._produce, args=(items,), name="nightshift-prefetch", daemon=True
+        )
+        self._worker.start()
+
+    def _produce(self, items: Iterator[T]) -> None:
         try:
             for item in items:
-                if stop.is_set():
+                if self._stop.is_set():
                     return
-                ready.put(item)
+                self._ready.put(item)
         except BaseException as exc:  # handed to the consumer, which raises it
-            ready.put(_Failure(exc))
+            self._ready.put(_Failure(exc))
             return
-        ready.put(_DONE)
+        self._ready.put(_DONE)
 
-    worker = threading.Thread(target=produce, name="nightshift-prefetch", daemon=True)
-    worker.start()
-    try:
-        while (item := ready.get()) is not _DONE:
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # unblock a producer waiting on a full queue
+    def __iter__(self) -> Iterator[T]:
+        try:
+            while (item := self._ready.get()) is not _DONE:
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._worker.is_alive():  # unblock a producer waiting on a full queue
             try:
-                ready.get_nowait()
+                self._ready.get_nowait()
             except queue.Empty:
-                worker.join(timeout=0.05)
+                self._worker.join(timeout=0.05)
 
 
 class _Failure:

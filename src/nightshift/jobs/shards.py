@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm.auto import tqdm
 
-from nightshift.engines.base import Engine
+from nightshift.engines.base import Engine, EngineRequest
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import EngineFatalError, JobAbortedError
 from nightshift.io.planstore import PlanStore, input_schema
@@ -100,9 +101,12 @@ class ShardRunner:
                 del work[w.shard]
             if not work:
                 return
+            feed = RequestFeed(self.spec, self.plans, self.encoder)
+            skip = {s: w.done_ids for s, w in work.items() if w.done_ids}
+            requests = feed.requests(sorted(work), skip)  # encoding starts now, not later
             engine = engines.acquire()
             try:
-                self._generate(engine, work, progress)
+                self._generate(engine, feed, requests, work, progress)
                 return
             except EngineFatalError as exc:
                 todo = self._after_crash(work, exc)
@@ -116,14 +120,18 @@ class ShardRunner:
             work.done_ids.update(table.column(self.spec.input.id_column).to_pylist())
         return work
 
-    def _generate(self, engine: Engine, work: dict[int, ShardWork], progress: bool) -> None:
-        feed = RequestFeed(self.spec, self.plans, self.encoder)
-        order = sorted(work)
-        skip = {s: w.done_ids for s, w in work.items() if w.done_ids}
+    def _generate(
+        self,
+        engine: Engine,
+        feed: RequestFeed,
+        requests: Iterator[EngineRequest],
+        work: dict[int, ShardWork],
+        progress: bool,
+    ) -> None:
         total = sum(w.remaining for w in work.values())
         bar = tqdm(total=total, desc="generate", unit="rec", disable=not progress)
         sampling = sampling_for(self.spec, self.task)
-        for result in engine.run(feed.requests(order, skip), sampling):
+        for result in engine.run(requests, sampling):
             shard, record_id, kept = feed.answered(result.key)
             row, ok = self.tables.row(record_id, kept, result)
             w = work[shard]
