@@ -19,7 +19,7 @@ QUIET  := grep -v "^WARNING: Location" || true
 demo: $(DEMO_FILES)
 	$(VENV)/bin/nightshift jobs run configs/classify.yaml --overwrite
 	@echo
-	@echo "results: out/classify-tickets/results/*.parquet (rejects.parquet, failed.parquet beside them)"
+	@echo "results: out/classify-tickets/results/*.parquet (failed/*.parquet and rejects.parquet beside them; status: .venv/bin/nightshift jobs status out/classify-tickets)"
 	@echo "report:  out/classify-tickets/report.json"
 
 test: $(STAMP)
