@@ -35,6 +35,7 @@ from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.objectstore import ObjectStore
+from nightshift.io.shardstore import shard_name
 
 if TYPE_CHECKING:
     from nightshift.jobs.plan import Plan
@@ -52,7 +53,7 @@ class PlanStore:
 
     @staticmethod
     def shard_key(shard: int) -> str:
-        return f"{PLAN_DIR}/shards/shard-{shard:05d}.parquet"
+        return f"{PLAN_DIR}/{_shard_file(shard)}"
 
     def write(self, plan: Plan, manifest: dict[str, Any]) -> str:
         """Write ``plan`` and its input copies, then ``manifest`` as plan.json, last."""
@@ -63,16 +64,12 @@ class PlanStore:
             plan.records.write_parquet(local / "records.parquet")
             _copy_shard_inputs(plan, local)
             for shard in range(plan.shard_count):
-                self.store.put_file(self.shard_key(shard), self._local_shard(local, shard))
+                self.store.put_file(self.shard_key(shard), local / _shard_file(shard))
             self.store.put_file(f"{PLAN_DIR}/records.parquet", local / "records.parquet")
             self.store.put_file(REJECTS, local / REJECTS)
         crash_point("plan.before_manifest")
         self.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
         return self.store.uri(PLAN_DIR)
-
-    @staticmethod
-    def _local_shard(local: Path, shard: int) -> Path:
-        return local / "shards" / f"shard-{shard:05d}.parquet"
 
     def manifest(self) -> dict[str, Any] | None:
         """The written plan's plan.json, or None when no plan was finished here."""
@@ -89,6 +86,11 @@ class PlanStore:
     def rejects(self) -> pa.Table:
         with tempfile.TemporaryDirectory(prefix="nightshift-rejects-") as tmp:
             return pq.read_table(self.store.download(REJECTS, Path(tmp) / REJECTS))
+
+
+def _shard_file(shard: int) -> str:
+    """A shard's input file, relative to the plan directory."""
+    return f"shards/{shard_name(shard)}.parquet"
 
 
 def input_schema(manifest: dict[str, Any]) -> pa.Schema:
@@ -109,7 +111,7 @@ def _copy_shard_inputs(plan: Plan, root: Path) -> None:
     for shard in range(plan.shard_count):
         found = sorted((pieces / f"{shard:05d}").glob("*.parquet"))
         frame = pl.read_parquet(found).sort("position").drop("shard")
-        frame.write_parquet(root / "shards" / f"shard-{shard:05d}.parquet")
+        frame.write_parquet(root / _shard_file(shard))
     _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
     shutil.rmtree(pieces, ignore_errors=True)
 

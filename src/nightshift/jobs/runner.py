@@ -19,7 +19,7 @@ from nightshift.engines.base import Engine, EngineInfo, EngineStats
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import NightshiftError, OutputExistsError
 from nightshift.io.outputs import JobOutput, new_run_location
-from nightshift.jobs.fingerprint import changed_keys, fingerprint, plan_stamp, result_inputs
+from nightshift.jobs.fingerprint import changed_keys, plan_stamp
 from nightshift.jobs.plan import build_plan, describe
 from nightshift.jobs.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.jobs.shards import ShardRunner
@@ -57,12 +57,12 @@ def run_job(
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     if engine is None:
         check_engine_spec(spec)
-    inputs = result_inputs(spec)
-    manifest = _resumable_plan(output, inputs, overwrite)
+    stamp = plan_stamp(spec)  # hashes the model's files: once per run
+    manifest = _resumable_plan(output, stamp, overwrite)
     encoder = load_encoder(spec)
     if manifest is None:
         plan = build_plan(spec, encoder, progress)
-        output.plans.write(plan, {**describe(plan, spec), **plan_stamp(spec)})  # before generation
+        output.plans.write(plan, {**describe(plan, spec), **stamp})  # before generation
         manifest = output.plans.manifest()
     planned = time.perf_counter()
     committed = output.shards.committed()
@@ -88,7 +88,7 @@ def run_job(
 
 
 def _resumable_plan(
-    output: JobOutput, inputs: dict[str, Any], overwrite: bool
+    output: JobOutput, stamp: dict[str, Any], overwrite: bool
 ) -> dict[str, Any] | None:
     """The plan of an earlier run of the same job here, to resume; None to plan afresh.
     Refuses an output that holds a different job's run."""
@@ -103,8 +103,8 @@ def _resumable_plan(
                 "plan.json); pass --overwrite to replace it or --new-run to start beside it"
             )
         return None
-    if manifest.get("fingerprint") != fingerprint(inputs):
-        changed = changed_keys(manifest.get("fingerprint_inputs", {}), inputs)
+    if manifest.get("fingerprint") != stamp["fingerprint"]:
+        changed = changed_keys(manifest.get("fingerprint_inputs", {}), stamp["fingerprint_inputs"])
         raise OutputExistsError(
             f"output.path: {output.location} holds a run of a different job "
             f"({', '.join(changed)} changed); run the spec it was made with to resume it, "

@@ -166,8 +166,10 @@ class ShardRunner:
 
     def _finish(self, w: ShardWork) -> None:
         """Merge the shard's chunks and held answers, check it reconciles, commit it."""
-        ok = _concat(self.shards.read(w.files, "ok") + [self.tables.results_table(w.ok)])
-        failed = _concat(self.shards.read(w.files, "failed") + [self.tables.failed_table(w.failed)])
+        ok = pa.concat_tables(self.shards.read(w.files, "ok") + [self.tables.results_table(w.ok)])
+        failed = pa.concat_tables(
+            self.shards.read(w.files, "failed") + [self.tables.failed_table(w.failed)]
+        )
         if ok.num_rows + failed.num_rows != w.planned:
             raise AssertionError(
                 f"shard {w.shard} does not reconcile: {w.planned} planned, "
@@ -234,10 +236,6 @@ def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -
         "finish_reasons": dict(sorted(reasons.items())),
         "attempts": attempts,
     }
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    return pa.concat_tables(tables)
 
 
 def _show_speed(bar: tqdm, totals: RunTotals) -> None:
