@@ -1,0 +1,175 @@
+"""report.png: throughput over time and each shard's span, from a report dict.
+
+The chart is drawn on a bare ``Figure`` with the Agg canvas, never through pyplot, so
+importing or calling this changes no global matplotlib state (no backend switch, no
+figure registry) in the caller's process. ``chart_png_bytes`` is the primary API: the
+output may be on S3, so the caller writes the bytes wherever the report goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from datetime import datetime
+from os import PathLike
+from pathlib import Path
+from typing import IO, Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
+
+from nightshift.jobs.report_page import has_chart
+
+# Pixel size is fixed (no tight bounding box) so every report's chart has the same shape.
+WIDTH_IN, HEIGHT_IN, DPI = 10.0, 9.0, 100
+# Past this many shards, per-bar labels overlap into noise.
+MAX_LABELLED_SHARDS = 40
+RECORDS, OUTPUT, TOTAL, PLANNING = "tab:blue", "tab:orange", "tab:green", "0.85"
+THOUSANDS = StrMethodFormatter("{x:,.0f}")
+
+
+def throughput_over_time(samples: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Rates between consecutive cumulative samples: one interval per pair, with
+    records/s, output tokens/s and total (prompt + output) tokens/s.
+
+    A sample no later than the one before it is skipped; the counts are cumulative, so
+    what it counted shows up in the next interval instead of being lost.
+    """
+    intervals = []
+    previous = samples[0] if samples else None
+    for sample in samples[1:]:
+        seconds = sample["t_s"] - previous["t_s"]
+        if seconds <= 0:
+            continue
+        prompt = sample["prompt_tokens"] - previous["prompt_tokens"]
+        output = sample["output_tokens"] - previous["output_tokens"]
+        intervals.append(
+            {
+                "start_s": previous["t_s"],
+                "end_s": sample["t_s"],
+                "records_per_s": (sample["records"] - previous["records"]) / seconds,
+                "output_tokens_per_s": output / seconds,
+                "total_tokens_per_s": (prompt + output) / seconds,
+            }
+        )
+        previous = sample
+    return intervals
+
+
+def chart_png_bytes(report: dict[str, Any]) -> bytes | None:
+    """The chart as PNG bytes, or None when the report has no timeline to draw."""
+    if not has_chart(report):
+        return None
+    figure = _draw(report)
+    buffer = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buffer)
+    return buffer.getvalue()
+
+
+def write_chart(report: dict[str, Any], path_or_buffer: str | PathLike | IO[bytes]) -> bool:
+    """Write the chart to a local path or a binary file object; False (and nothing
+    written) when the report has no timeline."""
+    png = chart_png_bytes(report)
+    if png is None:
+        return False
+    if hasattr(path_or_buffer, "write"):
+        path_or_buffer.write(png)
+    else:
+        Path(path_or_buffer).write_bytes(png)
+    return True
+
+
+def _draw(report: dict[str, Any]) -> Figure:
+    shards = sorted(report.get("shard_times") or [], key=lambda s: s["started_s"])
+    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, layout="constrained")
+    rows = 3 if shards else 2
+    panels = figure.subplots(rows, 1, sharex=True, height_ratios=[1, 1, 1.3][:rows])
+    intervals = throughput_over_time(report["timeline"]["samples"])
+    _records_panel(panels[0], intervals, report)
+    _tokens_panel(panels[1], intervals, report)
+    if shards:
+        _shard_panel(panels[2], shards, report)
+    panels[-1].set_xlabel("seconds since the run started")
+    figure.suptitle(_title(report))
+    return figure
+
+
+def _title(report: dict[str, Any]) -> str:
+    title = f"{report['job']}: this run"
+    started = report["timeline"].get("started_at")
+    with contextlib.suppress(TypeError, ValueError):
+        started = datetime.fromisoformat(started).strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    return title + (f", started {started}" if started else "")
+
+
+def _records_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> None:
+    _shade_planning(axes, report)
+    axes.set_title("Records answered per second")
+    axes.set_ylabel("records/s")
+    if intervals:
+        edges = _edges(intervals)
+        rates = [i["records_per_s"] for i in intervals]
+        axes.stairs(rates, edges, color=RECORDS, linewidth=1.5, label="records/s")
+    axes.set_ylim(bottom=0)
+    axes.yaxis.set_major_formatter(THOUSANDS)
+    axes.legend(loc="upper right", fontsize=8)
+
+
+def _tokens_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> None:
+    """Output tokens/s on the left axis, total on the right: a short answer to a long
+    prompt makes total a hundred times output, which would flatten output on one axis."""
+    _shade_planning(axes, report)
+    axes.set_title("Tokens per second")
+    axes.set_ylabel("output tokens/s", color=OUTPUT)
+    total_axes = axes.twinx()
+    total_axes.set_ylabel("total tokens/s (prompt + output)", color=TOTAL)
+    if intervals:
+        edges = _edges(intervals)
+        output = [i["output_tokens_per_s"] for i in intervals]
+        total = [i["total_tokens_per_s"] for i in intervals]
+        axes.stairs(output, edges, color=OUTPUT, linewidth=1.5, label="output tokens/s")
+        # Dashed, so it stays visible where the two scaled lines coincide.
+        total_axes.stairs(total, edges, color=TOTAL, linestyle="--", label="total tokens/s")
+    for scale in (axes, total_axes):
+        scale.set_ylim(bottom=0)
+        scale.yaxis.set_major_formatter(THOUSANDS)
+    # One legend for both axes, so the reader need not match colours across two boxes.
+    handles, labels = axes.get_legend_handles_labels()
+    more_handles, more_labels = total_axes.get_legend_handles_labels()
+    total_axes.legend(handles + more_handles, labels + more_labels, loc="upper right", fontsize=8)
+
+
+def _edges(intervals: list[dict]) -> list[float]:
+    return [intervals[0]["start_s"], *(i["end_s"] for i in intervals)]
+
+
+def _shard_panel(axes: Axes, shards: list[dict], report: dict[str, Any]) -> None:
+    """Each shard from start to finish, in start order: stragglers and the tail, where
+    the GPUs sit half idle, show as bars reaching past the rest."""
+    _shade_planning(axes, report)
+    positions = range(len(shards))
+    bars = axes.barh(
+        positions,
+        [s["finished_s"] - s["started_s"] for s in shards],
+        left=[s["started_s"] for s in shards],
+        color=RECORDS,
+        height=0.7,
+    )
+    axes.invert_yaxis()  # first started on top, like a Gantt chart
+    axes.set_title("Time per shard, start to finish")
+    if len(shards) <= MAX_LABELLED_SHARDS:
+        axes.set_yticks(list(positions), [f"shard {s['shard']}" for s in shards], fontsize=8)
+        labels = [f"{s['records']:,} records, {s['seconds']:,.1f} s" for s in shards]
+        axes.bar_label(bars, labels=labels, padding=3, fontsize=7)
+        axes.set_ylabel("shard")
+    else:
+        axes.set_yticks([])
+        axes.set_ylabel(f"{len(shards):,} shards, in start order")
+
+
+def _shade_planning(axes: Axes, report: dict[str, Any]) -> None:
+    plan_s = report.get("time_s", {}).get("plan", 0.0)
+    if plan_s > 0:
+        axes.axvspan(0, plan_s, color=PLANNING, label="planning", zorder=0)

@@ -1,0 +1,349 @@
+"""report.md and the headline table: the report.json figures, written for people.
+
+The page is built from the report dict alone, so it can be rendered again from any
+report.json later. Older reports lack some sections (timeline, shard_times, prefix_reuse,
+this_run, shards, engine); each part of the page that needs one is left out without it.
+
+Records and tokens describe the whole output (every committed shard, whichever run made
+it); time, throughput and cost describe this invocation. The page says so where it
+matters, because a resumed run's cost is not the whole job's cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+CHART_ALT = "Throughput over time and time per shard"
+
+
+@dataclass
+class Section:
+    """One part of the page: a heading, a sentence saying what it covers, its rows."""
+
+    title: str
+    note: str
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, metric: str, value: str, unit: str = "") -> None:
+        self.rows.append({"metric": metric, "value": value, "unit": unit})
+
+
+# Numbers formatted for people.
+
+
+def count(n: float) -> str:
+    return f"{round(n):,}"
+
+
+def percent(share: float) -> str:
+    return f"{share:.1%}"
+
+
+def significant(x: float, digits: int = 4) -> str:
+    """``x`` with ``digits`` significant digits below 1 (0.005139), two decimals above
+    (1,234.50): small prices and hours are unreadable when rounded to cents."""
+    if x == 0:
+        return "0"
+    if abs(x) >= 1:
+        return f"{x:,.2f}"
+    decimals = min(12, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def usd(x: float) -> str:
+    return "$0.00" if x == 0 else f"${significant(x)}"
+
+
+def rate(x: float) -> str:
+    return f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def duration(seconds: float) -> str:
+    """18.5 s, 4 min 06 s, 2 h 03 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+# What the report holds.
+
+
+def run_tokens(report: dict[str, Any]) -> dict[str, int]:
+    """The tokens this run generated, which cost and throughput are computed from.
+    A report without ``this_run`` predates resuming, so its tokens were all this run's."""
+    tokens = report.get("this_run", {}).get("tokens") or report["tokens"]
+    return {
+        "prompt": tokens["prompt"],
+        "prompt_cached": tokens.get("prompt_cached", 0),
+        "output": tokens["output"],
+        "total": tokens["prompt"] + tokens["output"],
+    }
+
+
+def wall_hours(report: dict[str, Any]) -> float:
+    return report["time_s"]["total"] / 3600
+
+
+def has_chart(report: dict[str, Any]) -> bool:
+    """A chart needs at least two timeline samples: rates come from their differences."""
+    return len((report.get("timeline") or {}).get("samples") or []) >= 2
+
+
+# Sections, shared by the page and the table artifact.
+
+
+def records_section(report: dict[str, Any]) -> Section:
+    r = report["records"]
+    section = Section("Records", "Every input record in exactly one state, over the whole output.")
+    section.add("input records", count(r["input"]), "records")
+    section.add("ok", count(r["ok"]), "records")
+    section.add("rejected", count(r["rejected"]), "records")
+    section.add("failed", count(r["failed"]), "records")
+    if "not_yet_run" in r:
+        section.add("not yet run", count(r["not_yet_run"]), "records")
+    shards, run = report.get("shards"), report.get("this_run")
+    if shards:
+        section.add("shards committed", count(shards["committed"]), f"of {count(shards['count'])}")
+    if run:
+        section.add("shards committed by this run", count(len(run["shards_committed"])), "shards")
+    return section
+
+
+def tokens_section(report: dict[str, Any]) -> Section:
+    t = report["tokens"]
+    section = Section("Tokens", "Over the whole output (all committed shards)." + _this_run(report))
+    section.add("prompt tokens (in)", count(t["prompt"]), "tokens")
+    section.add("cached prompt tokens", count(t["prompt_cached"]), "tokens")
+    section.add("output tokens (out)", count(t["output"]), "tokens")
+    section.add("total tokens", count(t["prompt"] + t["output"]), "tokens")
+    section.add(
+        "prefix-cache hit rate", percent(report["prefix_cache_hit_rate"]), "of prompt tokens"
+    )
+    reuse = report.get("prefix_reuse")
+    if reuse:
+        section.add("prefix reuse, measured", percent(reuse["measured"]), "of prompt tokens")
+        section.add("prefix reuse, predicted", percent(reuse["predicted"]), "of prompt tokens")
+        section.add(
+            "prefix reuse, input order (predicted)",
+            percent(reuse["input_order_predicted"]),
+            "of prompt tokens",
+        )
+    return section
+
+
+def _this_run(report: dict[str, Any]) -> str:
+    """Cost and throughput count this run's tokens; say what they were when a resumed
+    run generated only part of the output."""
+    mine, t = run_tokens(report), report["tokens"]
+    if (mine["prompt"], mine["output"]) == (t["prompt"], t["output"]):
+        return ""
+    return (
+        f" This run generated {count(mine['prompt'])} prompt and {count(mine['output'])} "
+        "output tokens of them; cost and throughput below count those."
+    )
+
+
+def time_section(report: dict[str, Any]) -> Section:
+    s = report["time_s"]
+    parts = [("planning", s["plan"]), ("engine start-up", s["engine_startup"])]
+    parts.append(("generation", s["generate"]))
+    shares = ", ".join(f"{name} {percent(_ratio(secs, s['total']))}" for name, secs in parts)
+    section = Section("Time", f"This run's wall time ({duration(s['total'])}); of it: {shares}.")
+    section.add("wall time", f"{s['total']:,.1f}", "s")
+    for name, seconds in parts:
+        section.add(name, f"{seconds:,.1f}", "s")
+    return section
+
+
+def throughput_section(report: dict[str, Any]) -> Section:
+    t = report["throughput"]
+    section = Section("Throughput", "For this run, over its generation time.")
+    section.add("records per second", rate(t["records_per_s"]), "records/s")
+    section.add("output tokens per second", rate(t["output_tokens_per_s"]), "tokens/s")
+    section.add("total tokens per second", rate(t["total_tokens_per_s"]), "tokens/s")
+    return section
+
+
+def cost_section(report: dict[str, Any]) -> Section:
+    c = report["cost"]
+    per_m = c["usd_per_million_tokens"]
+    section = Section(
+        "Cost",
+        "For this run: its wall time, planning and engine start-up included (the GPUs are "
+        "held all along), and the tokens it generated.",
+    )
+    section.add("GPU", str(c["gpu"]))
+    section.add("GPUs", count(c["gpus"]), "GPUs")
+    section.add("price per GPU-hour", usd(c["usd_per_gpu_hour"]), "USD/GPU-hour")
+    section.add("GPU hours", significant(c["gpu_hours"]), "GPU-hours")
+    section.add("total cost", usd(c["usd_total"]), "USD")
+    section.add("cost per million input tokens", usd(per_m["input"]), "USD/1M tokens")
+    section.add("cost per million output tokens", usd(per_m["output"]), "USD/1M tokens")
+    section.add("cost per million tokens", usd(per_m["total"]), "USD/1M tokens")
+    if "input_share" in c:
+        section.add("input share of cost", percent(c["input_share"]), "of total cost")
+    return section
+
+
+def headline_sections(report: dict[str, Any]) -> list[Section]:
+    return [
+        records_section(report),
+        tokens_section(report),
+        time_section(report),
+        throughput_section(report),
+        cost_section(report),
+    ]
+
+
+def report_table(report: dict[str, Any]) -> list[dict[str, str]]:
+    """The headline figures as ``{"metric", "value", "unit"}`` rows (a Prefect table
+    artifact), formatted exactly as on the page."""
+    return [row for section in headline_sections(report) for row in section.rows]
+
+
+# The page.
+
+
+def report_markdown(report: dict[str, Any], chart_name: str | None = "report.png") -> str:
+    """report.md: headline, Records, Tokens, Time, Throughput, Cost (with its formula
+    worked out), the chart when ``chart_name`` is given and the report has a timeline,
+    and a table of this run's shards."""
+    lines = [f"# {report['job']}", "", headline(report), ""]
+    for section in headline_sections(report):
+        lines += [f"## {section.title}", "", section.note, "", *markdown_table(section.rows)]
+        if section.title == "Cost":
+            lines += ["", *cost_formula_lines(report)]
+        lines.append("")
+    lines += engine_lines(report)
+    if chart_name and has_chart(report):
+        lines += ["## Over time", "", f"![{CHART_ALT}]({chart_name})", ""]
+    lines += shard_lines(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def headline(report: dict[str, Any]) -> str:
+    r = report["records"]
+    text = (
+        f"**{count(r['ok'])} ok, {count(r['rejected'])} rejected, {count(r['failed'])} failed** "
+        f"of {count(r['input'])} input records"
+    )
+    if r.get("not_yet_run"):
+        text += f" ({count(r['not_yet_run'])} not yet run)"
+    shards = report.get("shards")
+    if shards:
+        text += f"; {count(shards['committed'])} of {count(shards['count'])} shards committed"
+        if shards.get("failed"):
+            text += f" (failed in this run: {', '.join(map(str, shards['failed']))})"
+    cost = report["cost"]
+    return text + (
+        f". This run: {duration(report['time_s']['total'])} wall time, "
+        f"{usd(cost['usd_total'])} on {count(cost['gpus'])}x {cost['gpu']}."
+    )
+
+
+def cost_formula_lines(report: dict[str, Any]) -> list[str]:
+    """The cost formula in words, then with this report's numbers put in."""
+    c = report["cost"]
+    per_m = c["usd_per_million_tokens"]
+    tokens = run_tokens(report)
+    share = c.get("input_share", _ratio(tokens["prompt"], tokens["total"]))
+    lines = [f"How: {c['formula']}.", ""] if c.get("formula") else []
+    return lines + [
+        "- usd_total = usd_per_gpu_hour x gpus x wall hours = "
+        f"{usd(c['usd_per_gpu_hour'])} x {count(c['gpus'])} x {significant(wall_hours(report))} h"
+        f" = {usd(c['usd_total'])}",
+        f"- per million tokens = usd_total / tokens x 1e6 = {usd(c['usd_total'])} / "
+        f"{count(tokens['total'])} x 1e6 = {usd(per_m['total'])}",
+        f"- input = usd_total x input share / prompt tokens x 1e6 = {usd(c['usd_total'])} x "
+        f"{percent(share)} / {count(tokens['prompt'])} x 1e6 = {usd(per_m['input'])}",
+        f"- output = usd_total x (1 - input share) / output tokens x 1e6 = "
+        f"{usd(c['usd_total'])} x {percent(1 - share)} / {count(tokens['output'])} x 1e6 = "
+        f"{usd(per_m['output'])}",
+    ]
+
+
+def engine_lines(report: dict[str, Any]) -> list[str]:
+    engine, run = report.get("engine") or {}, report.get("this_run") or {}
+    if not engine:
+        return []
+    text = f"Engine: {engine.get('name', '?')}, KV cache {engine.get('kv_cache_dtype', '?')}"
+    if engine.get("kv_cache_tokens"):
+        text += f" ({count(engine['kv_cache_tokens'])} tokens)"
+    if engine.get("block_size"):
+        text += f", block size {engine['block_size']}"
+    if "engine_starts" in run:
+        text += f", started {run['engine_starts']} time(s) in this run"
+    reasons = report.get("finish_reasons") or {}
+    if reasons:
+        text += "; finish reasons: " + ", ".join(f"{k} {count(v)}" for k, v in reasons.items())
+    return [text + ".", ""]
+
+
+def shard_lines(report: dict[str, Any]) -> list[str]:
+    """This run's shards in start order, so the slow ones and the tail stand out."""
+    shards = sorted(report.get("shard_times") or [], key=lambda s: s["started_s"])
+    if not shards:
+        return []
+    started = _run_start(report)
+    rows = [
+        {
+            "shard": str(s["shard"]),
+            "records": count(s["records"]),
+            "seconds": f"{s['seconds']:,.1f}",
+            "records/s": rate(_ratio(s["records"], s["seconds"])),
+            "started at": _clock(started, s["started_s"]),
+        }
+        for s in shards
+    ]
+    slowest = max(shards, key=lambda s: s["seconds"])
+    note = (
+        f"The {count(len(shards))} shard(s) this run committed, in start order; the slowest "
+        f"was shard {slowest['shard']} ({slowest['seconds']:,.1f} s)."
+    )
+    return ["## Shards", "", note, "", *markdown_table(rows), ""]
+
+
+def markdown_table(rows: list[dict[str, str]]) -> list[str]:
+    """Rows as a markdown table; numbers right-aligned so their digits line up."""
+    if not rows:
+        return []
+    columns = list(rows[0])
+    rule = "".join(" ---: |" if c in _NUMBER_COLUMNS else " --- |" for c in columns)
+    lines = ["| " + " | ".join(columns) + " |", "|" + rule]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |")
+    return lines
+
+
+_NUMBER_COLUMNS = {"value", "records", "seconds", "records/s"}
+
+
+def _cell(text: str) -> str:
+    # A pipe would end the cell early.
+    return str(text).replace("|", "\\|")
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+def _run_start(report: dict[str, Any]) -> datetime | None:
+    stamp = (report.get("timeline") or {}).get("started_at")
+    try:
+        return datetime.fromisoformat(stamp) if stamp else None
+    except ValueError:
+        return None
+
+
+def _clock(started: datetime | None, offset_s: float) -> str:
+    """Wall clock when the run's start is known, else seconds since the start."""
+    since = f"+{offset_s:,.1f} s"
+    if started is None:
+        return since
+    return f"{(started + timedelta(seconds=offset_s)).strftime('%H:%M:%S')} ({since})"
