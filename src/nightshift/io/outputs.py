@@ -8,8 +8,10 @@ Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
     OUTPUT/results/               committed shards' answers, one file per shard
     OUTPUT/failed/                committed shards' failed records, with ``error``
     OUTPUT/_work/                 checkpoints of shards still running
+    OUTPUT/rejects-0001.parquet   rejects of later increments (records new since)
     OUTPUT/report.json            counts, tokens, times, throughput, cost; rewritten by
                                   every run into this output
+    OUTPUT/report.md, report.png  the same report for people, with its chart
 
 Only the keys under these names are nightshift's: anything else in the output location
 is never read, replaced or deleted.
@@ -27,6 +29,8 @@ from nightshift.io.planstore import PLAN_DIR, REJECTS, PlanStore
 from nightshift.io.shardstore import COMMITTED, WORK, ShardStore
 
 REPORT_FILE = "report.json"
+REPORT_PAGE = "report.md"  # the same figures for people, with the chart
+REPORT_CHART = "report.png"
 
 
 class JobOutput:
@@ -46,9 +50,20 @@ class JobOutput:
         except ObjectNotFound:
             return None
 
-    def write_report(self, report: dict[str, Any]) -> str:
+    def write_report_files(self, report: dict[str, Any]) -> None:
+        """report.png (when there is a timeline), report.md, then report.json, which
+        names the other two (``report["chart"]``, ``report["report"]``)."""
+        from nightshift.jobs.report_chart import chart_png_bytes  # matplotlib: on use only
+        from nightshift.jobs.report_page import report_markdown
+
+        chart = chart_png_bytes(report)
+        if chart:
+            self.store.put_bytes(REPORT_CHART, chart)
+            report["chart"] = self.store.uri(REPORT_CHART)
+        report["report"] = self.store.uri(REPORT_FILE)
+        page = report_markdown(report, chart_name=REPORT_CHART if chart else None)
+        self.store.put_bytes(REPORT_PAGE, page.encode())
         self.store.put_bytes(REPORT_FILE, (json.dumps(report, indent=2) + "\n").encode())
-        return self.store.uri(REPORT_FILE)
 
     def holds_a_run(self) -> bool:
         """Whether an earlier run (finished, partial, or from an older nightshift) is here."""
@@ -64,15 +79,21 @@ class JobOutput:
         reader never sees a marker whose files are gone."""
         for folder in (COMMITTED, PLAN_DIR, WORK):
             self.store.delete(self.store.list(f"{folder}/"))
-        self.store.delete(self.shards.data_files() + [REJECTS, REPORT_FILE])
+        manifest = self.plans.manifest() or {}
+        rejects = manifest.get("rejects_files", [REJECTS])
+        reports = [REPORT_FILE, REPORT_PAGE, REPORT_CHART]
+        self.store.delete(self.shards.data_files() + rejects + reports)
 
 
 def committed_files(location: str, kind: str = "results") -> list[str]:
     """The files a reader should open: those the commit markers name (``kind`` is
-    ``results`` or ``failed``). Never a listing: a listing may show an attempt that
-    lost, or one that died before its marker."""
-    wanted = {"results": "ok", "failed": "failed"}[kind]
+    ``results`` or ``failed``), or the plan names (``rejects``). Never a listing: a
+    listing may show an attempt that lost, or one that died before its marker."""
     output = JobOutput(location)
+    if kind == "rejects":
+        manifest = output.plans.manifest() or {}
+        return [output.store.uri(k) for k in manifest.get("rejects_files", [REJECTS])]
+    wanted = {"results": "ok", "failed": "failed"}[kind]
     markers = output.shards.committed()
     return [
         output.store.uri(f["key"])

@@ -10,6 +10,11 @@ Layout (the output may be a local directory or an S3 prefix)::
                                          input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
 
+A later run that finds new records in the input adds an increment (``jobs.increments``):
+its shards are numbered after the earlier ones, its keys go to
+``plan/records-0001.parquet`` and ``rejects-0001.parquet``, and plan.json, rewritten
+last, adds up all increments.
+
 Each shard's input is copied out of the input files once, so a run reads one shard file
 per shard instead of scanning every input file for its records, and the shard's
 membership can never change under a running job. The copy is a second streaming pass:
@@ -55,18 +60,24 @@ class PlanStore:
     def shard_key(shard: int) -> str:
         return f"{PLAN_DIR}/{_shard_file(shard)}"
 
-    def write(self, plan: Plan, manifest: dict[str, Any]) -> str:
+    def write(self, plan: Plan, manifest: dict[str, Any], increment: int = 0) -> str:
         """Write ``plan`` and its input copies, then ``manifest`` as plan.json, last."""
-        manifest = {**manifest, "input_schema": _encode_schema(plan.input_schema)}
+        names = increment_files(increment)
+        manifest = {
+            "rejects_files": [names["rejects"]],
+            "records_files": [names["records"]],
+            **manifest,
+            "input_schema": _encode_schema(plan.input_schema),
+        }
         with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
             local = Path(tmp)
             (local / "shards").mkdir()
             plan.records.write_parquet(local / "records.parquet")
             _copy_shard_inputs(plan, local)
-            for shard in range(plan.shard_count):
+            for shard in plan.shards:
                 self.store.put_file(self.shard_key(shard), local / _shard_file(shard))
-            self.store.put_file(f"{PLAN_DIR}/records.parquet", local / "records.parquet")
-            self.store.put_file(REJECTS, local / REJECTS)
+            self.store.put_file(names["records"], local / "records.parquet")
+            self.store.put_file(names["rejects"], local / REJECTS)
         crash_point("plan.before_manifest")
         self.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
         return self.store.uri(PLAN_DIR)
@@ -83,9 +94,22 @@ class PlanStore:
             path = self.store.download(self.shard_key(shard), Path(tmp) / "shard.parquet")
             yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
 
-    def rejects(self) -> pa.Table:
-        with tempfile.TemporaryDirectory(prefix="nightshift-rejects-") as tmp:
-            return pq.read_table(self.store.download(REJECTS, Path(tmp) / REJECTS))
+    def read_column(self, keys: list[str], column: str) -> pa.ChunkedArray:
+        """One column of the plan's Parquet files ``keys``, concatenated."""
+        with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
+            paths = [self.store.download(k, Path(tmp) / f"{i}.parquet") for i, k in enumerate(keys)]
+            tables = [pq.read_table(p, columns=[column]) for p in paths]
+            return pa.concat_tables(tables, promote_options="permissive").column(0)
+
+
+def increment_files(increment: int) -> dict[str, str]:
+    """Where an increment's record keys and rejects go (the first keeps the plain names)."""
+    if increment == 0:
+        return {"records": f"{PLAN_DIR}/records.parquet", "rejects": REJECTS}
+    return {
+        "records": f"{PLAN_DIR}/records-{increment:04d}.parquet",
+        "rejects": f"rejects-{increment:04d}.parquet",
+    }
 
 
 def _shard_file(shard: int) -> str:
@@ -108,7 +132,7 @@ def _copy_shard_inputs(plan: Plan, root: Path) -> None:
     rejects = plan.rejects.select("_file", "_row", "reason", "reject_kind")
     for index in range(len(plan.dataset.files)):
         _route_file(plan, index, targets, rejects, pieces)
-    for shard in range(plan.shard_count):
+    for shard in plan.shards:
         found = sorted((pieces / f"{shard:05d}").glob("*.parquet"))
         frame = pl.read_parquet(found).sort("position").drop("shard")
         frame.write_parquet(root / _shard_file(shard))

@@ -51,21 +51,30 @@ def run(
         False, "--new-run", help="Start a fresh run in OUTPUT-runN beside output.path."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs too."),
 ) -> None:
-    """Run a job: plan, generate with vLLM, write results and report.json. Rerun the same
-    command to resume: committed shards are skipped, partial ones continue."""
+    """Run a job as a Prefect flow: plan, generate with vLLM, write results and the
+    report. Rerun the same command to resume (committed shards are skipped, partial ones
+    continue) and to add records new in the input. Reports to PREFECT_API_URL when set,
+    else to a temporary local Prefect server."""
     from nightshift.jobs.loading import load_spec
     from nightshift.jobs.report import summary_lines
-    from nightshift.jobs.runner import run_job
+    from nightshift.pipelines.local import run_flow_once
 
     if overwrite and new_run:
         raise typer.BadParameter("--overwrite and --new-run exclude each other")
-    job = load_spec(spec, overrides)
-    progress = not quiet and sys.stderr.isatty()
-    outcome = run_job(job, overwrite=overwrite, new_run=new_run, progress=progress)
-    for line in summary_lines(outcome.report, outcome.location):
+    load_spec(spec, overrides)  # a bad spec fails here, before Prefect starts
+    report = run_flow_once(
+        str(spec),
+        overrides,
+        overwrite=overwrite,
+        new_run=new_run,
+        progress=not quiet and sys.stderr.isatty(),
+        verbose=verbose,
+    )
+    for line in summary_lines(report, report["output"]):
         typer.echo(line)
-    typer.echo(f"report: {outcome.report['report']}")
+    typer.echo(f"report: {report['report']} (and report.md beside it)")
 
 
 @jobs_app.command("status")

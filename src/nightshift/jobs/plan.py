@@ -53,8 +53,9 @@ class Plan:
         return pa.schema([self.dataset.schema.field(c) for c in self.columns])
 
     @property
-    def shard_count(self) -> int:
-        return int(self.records["shard"].max()) + 1 if self.records.height else 0
+    def shards(self) -> list[int]:
+        """The shard numbers this plan cuts (an increment's start after earlier plans')."""
+        return self.records["shard"].unique().sort().to_list()
 
     def shard_summaries(self) -> list[dict[str, int]]:
         summary = self.records.group_by("shard", maintain_order=True).agg(
@@ -83,15 +84,24 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
     return dataset, list(needed)
 
 
-def build_plan(spec: JobSpec, encoder: PromptEncoder, progress: bool = True) -> Plan:
+def build_plan(
+    spec: JobSpec,
+    encoder: PromptEncoder,
+    progress: bool = True,
+    skip_ids: pl.Series | None = None,
+    first_shard: int = 0,
+) -> Plan:
+    """Plan every input record, except those whose id is in ``skip_ids`` (already
+    planned in this output); shards are numbered from ``first_shard``."""
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder)
-    keys = _measure_input(dataset, columns, measurer, progress)
+    keys = _measure_input(dataset, columns, measurer, progress, skip_ids)
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     runnable = keys.filter(pl.col("reject_kind").is_null())
     levels, block = measurer.levels, block_size(spec)
     ordered = order_records(runnable, levels, block)
     ordered = cut_shards(ordered, levels, spec.plan.shard_records, spec.plan.shard_tokens)
+    ordered = ordered.with_columns(pl.col("shard") + first_shard)
     window = _cache_window(spec, runnable)
     ordered = ordered.with_columns(predicted_cached(ordered, levels, block, window, by="shard"))
     input_order = predicted_cached(runnable, levels, block, window)
@@ -114,7 +124,11 @@ def build_plan(spec: JobSpec, encoder: PromptEncoder, progress: bool = True) -> 
 
 
 def _measure_input(
-    dataset: ds.FileSystemDataset, columns: list[str], measurer: RecordMeasurer, progress: bool
+    dataset: ds.FileSystemDataset,
+    columns: list[str],
+    measurer: RecordMeasurer,
+    progress: bool,
+    skip_ids: pl.Series | None,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys."""
     hashes, prefixes = level_names(measurer.levels)
@@ -127,7 +141,10 @@ def _measure_input(
                 pl.lit(index, dtype=pl.UInt32).alias("_file"),
                 pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row"),
             )
-            parts.append(measurer.measure(frame))
+            if skip_ids is not None:  # an increment: a null id was rejected by the first plan
+                frame = frame.filter(~pl.col(columns[0]).is_in(skip_ids).fill_null(True))
+            if frame.height:
+                parts.append(measurer.measure(frame))
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tqdm.auto import tqdm
 
 from nightshift.engines.base import Engine, EngineRequest
 from nightshift.engines.tokenizer import PromptEncoder
@@ -29,6 +28,7 @@ from nightshift.errors import EngineFatalError, JobAbortedError
 from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile
 from nightshift.jobs.feed import RequestFeed
+from nightshift.jobs.progress import LiveProgress
 from nightshift.jobs.report import RunTotals
 from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
@@ -39,11 +39,12 @@ FAIL_FAST_RECORDS = 50
 
 
 class EngineSource(Protocol):
-    """Hands out engines: a fresh one after a crash (see ``runner.EnginePool``)."""
+    """Hands out a warm engine, and a fresh one after a crash (see ``runner.EnginePool``)."""
 
     def acquire(self) -> Engine: ...
 
-    def release(self, engine: Engine) -> None: ...
+    def discard(self, engine: Engine) -> None:
+        """Give back an engine that died; the next ``acquire`` builds a new one."""
 
 
 @dataclass
@@ -70,7 +71,11 @@ class ShardWork:
 
 
 class ShardRunner:
-    """Runs the uncommitted shards of one planned job."""
+    """Runs the uncommitted shards of one planned job.
+
+    ``retry_in_place`` retries a shard whose engine died right here, up to
+    ``run.shard_attempts``; a caller with its own retries (a Prefect task) turns it off,
+    so that one engine death fails the shard's attempt and the caller decides."""
 
     def __init__(
         self,
@@ -79,8 +84,11 @@ class ShardRunner:
         shards: ShardStore,
         manifest: dict[str, Any],
         encoder: PromptEncoder,
+        progress: LiveProgress,
+        retry_in_place: bool = True,
     ) -> None:
         self.spec, self.plans, self.shards, self.encoder = spec, plans, shards, encoder
+        self.progress, self.retry_in_place = progress, retry_in_place
         self.task = handler_for(spec.task)
         self.tables = ResultTables(
             input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
@@ -92,8 +100,10 @@ class ShardRunner:
         self.failures: dict[int, str] = {}
         self.committed: list[int] = []
 
-    def run(self, todo: list[int], engines: EngineSource, progress: bool) -> None:
+    def run(self, todo: list[int], engines: EngineSource) -> None:
         """Run ``todo`` to commit, retrying shards whose engine died."""
+        for shard in todo:
+            self.failures.pop(shard, None)  # a caller's retry starts it afresh
         while todo:
             work = {s: self._resume(s) for s in todo}
             for w in [w for w in work.values() if w.remaining == 0]:
@@ -106,12 +116,16 @@ class ShardRunner:
             requests = feed.requests(sorted(work), skip)  # encoding starts now, not later
             engine = engines.acquire()
             try:
-                self._generate(engine, feed, requests, work, progress)
+                self._generate(engine, feed, requests, work)
                 return
             except EngineFatalError as exc:
+                engines.discard(engine)
                 todo = self._after_crash(work, exc)
-            finally:
-                engines.release(engine)
+
+    def records_left(self, todo: list[int]) -> int:
+        """Records of ``todo`` not yet checkpointed: what this run will answer."""
+        done = sum(f.rows for s in todo for f in self.shards.checkpoint(s))
+        return sum(self.planned[s] for s in todo) - done
 
     def _resume(self, shard: int) -> ShardWork:
         files = self.shards.checkpoint(shard)
@@ -126,10 +140,7 @@ class ShardRunner:
         feed: RequestFeed,
         requests: Iterator[EngineRequest],
         work: dict[int, ShardWork],
-        progress: bool,
     ) -> None:
-        total = sum(w.remaining for w in work.values())
-        bar = tqdm(total=total, desc="generate", unit="rec", disable=not progress)
         sampling = sampling_for(self.spec, self.task)
         for result in engine.run(requests, sampling):
             shard, record_id, kept = feed.answered(result.key)
@@ -138,15 +149,12 @@ class ShardRunner:
             w.answered_now += 1
             (w.ok if ok else w.failed).append(row)
             self.totals.count(row, ok)
+            self.progress.answered(shard, self.totals)
             self._stop_if_everything_fails(w)
             if w.remaining == 0:
                 self._finish(w)
             elif self._due(w):
                 self._checkpoint(w)
-            bar.update(1)
-            if progress and bar.n % 256 == 0:
-                _show_speed(bar, self.totals)
-        bar.close()
 
     def _due(self, w: ShardWork) -> bool:
         run = self.spec.run
@@ -181,6 +189,7 @@ class ShardRunner:
                 "shard %d was committed by another attempt; this one's copy is dropped", w.shard
             )
         self.committed.append(w.shard)
+        self.progress.shard_done(w.shard, w.planned)
         w.ok, w.failed = [], []
 
     def _after_crash(self, work: dict[int, ShardWork], exc: EngineFatalError) -> list[int]:
@@ -196,7 +205,7 @@ class ShardRunner:
                 retry.append(w.shard)
                 continue
             self.attempts[w.shard] += 1
-            if self.attempts[w.shard] >= self.spec.run.shard_attempts:
+            if not self.retry_in_place or self.attempts[w.shard] >= self.spec.run.shard_attempts:
                 self.failures[w.shard] = str(exc)
             else:
                 retry.append(w.shard)
@@ -237,7 +246,3 @@ def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -
         "attempts": attempts,
     }
 
-
-def _show_speed(bar: tqdm, totals: RunTotals) -> None:
-    elapsed = max(bar.format_dict["elapsed"], 1e-9)
-    bar.set_postfix(tok_s=f"{totals.all_tokens / elapsed:,.0f}", refresh=False)

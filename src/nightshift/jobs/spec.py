@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import string
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -288,6 +289,48 @@ class RunSpec(_Section):
         default="vllm",
         description="vllm runs the model; fake is a fast deterministic stand-in for tests.",
     )
+    incremental: bool = Field(
+        default=True,
+        description="A rerun into the same output also plans the input's records whose id "
+        "no earlier run planned, so a nightly job generates only new records. false: a "
+        "rerun only resumes. To regenerate everything, run with --overwrite or --new-run.",
+    )
+    retry_delay_s: list[float] = Field(
+        default=[10.0, 60.0],
+        description="Seconds Prefect waits before retrying a failed shard task, one per "
+        "retry (the last repeats); retries = run.shard_attempts - 1.",
+    )
+
+
+class ScheduleSpec(_Section):
+    cron: str = Field(
+        description="When the job runs, as a five-field cron expression, e.g. '0 2 * * *' "
+        "for 02:00 every night. Served by `nightshift schedule serve` or `deploy`."
+    )
+    timezone: str = Field(
+        default="UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value: str) -> str:
+        if len(value.split()) != 5:
+            raise ValueError(
+                f"{value!r} is not a five-field cron expression (minute hour day month "
+                "weekday), e.g. '0 2 * * *'"
+            )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or UTC"
+            ) from None
+        return value
 
 
 class CostSpec(_Section):
@@ -316,6 +359,9 @@ class JobSpec(_Section):
     plan: PlanSpec = Field(default_factory=PlanSpec, description="How records become shards.")
     run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
     cost: CostSpec = Field(default_factory=CostSpec, description="Price used in the report.")
+    schedule: ScheduleSpec | None = Field(
+        default=None, description="Run the job on a cron schedule (nightly), incrementally."
+    )
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:

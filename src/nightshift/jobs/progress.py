@@ -1,0 +1,118 @@
+"""What a run shows while it goes and keeps for its report: the progress bar with a live
+projection, the timeline of answered records, and each shard's start and finish.
+
+The projection assumes the rest of the job runs at the rate measured since the first
+answer (engine start-up excluded): finish time = now + records left / records per
+second, and cost = price x gpus x (time so far + time left), the same formula the report
+uses (``jobs.report``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from nightshift.jobs.report import RunTotals
+from nightshift.jobs.spec import CostSpec
+
+SAMPLE_SECONDS = 2.0  # one timeline point (and one postfix refresh) every this often
+
+
+class LiveProgress:
+    """The run's clock, progress bar and timeline. Thread-safe: shard tasks may answer
+    records from Prefect's worker threads."""
+
+    def __init__(self, cost: CostSpec, show: bool) -> None:
+        self.cost, self.show = cost, show
+        self.started = time.perf_counter()
+        self.started_at = datetime.now(timezone.utc)
+        self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
+        self.shard_times: dict[int, dict[str, float]] = {}
+        self._first_answer: float | None = None
+        self._bar: tqdm | None = None
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.started
+
+    def expect(self, records: int) -> None:
+        """Records this run will answer; the bar starts here."""
+        with self._lock:
+            if self._bar is None:
+                self._bar = tqdm(total=records, desc="generate", unit="rec", disable=not self.show)
+
+    def answered(self, shard: int, totals: RunTotals) -> None:
+        """One more record answered (ok or failed); ``totals`` are the run's so far."""
+        with self._lock:
+            t = self.now()
+            if self._first_answer is None:
+                self._first_answer = t
+            self.shard_times.setdefault(shard, {"started_s": t})
+            if self._bar is not None:
+                self._bar.update(1)
+            if t - self.samples[-1]["t_s"] >= SAMPLE_SECONDS:
+                self.samples.append(_sample(t, totals))
+                self._project(t, totals)
+
+    def shard_done(self, shard: int, records: int) -> None:
+        with self._lock:
+            t = self.now()
+            times = self.shard_times.setdefault(shard, {"started_s": t})
+            times.update(finished_s=t, seconds=t - times["started_s"], records=records)
+
+    def projection(self, t: float, totals: RunTotals) -> dict[str, float] | None:
+        """Rates so far and where they lead, or None before there is a rate."""
+        answered = totals.ok + totals.failed
+        busy = t - (self._first_answer or t)
+        if not answered or busy <= 0 or self._bar is None:
+            return None
+        rate = answered / busy
+        left_s = max(self._bar.total - self._bar.n, 0) / rate
+        hours = (t + left_s) / 3600
+        return {
+            "records_per_s": rate,
+            "tokens_per_s": totals.all_tokens / busy,
+            "seconds_left": left_s,
+            "usd": self.cost.usd_per_gpu_hour * self.cost.gpus * hours,
+        }
+
+    def _project(self, t: float, totals: RunTotals) -> None:
+        p = self.projection(t, totals)
+        if p is None or self._bar is None or not self.show:
+            return
+        finish = datetime.now().astimezone() + timedelta(seconds=p["seconds_left"])
+        self._bar.set_postfix_str(
+            f"{p['tokens_per_s']:,.0f} tok/s, done ~{finish:%H:%M:%S}, ~${p['usd']:.4f}",
+            refresh=False,
+        )
+
+    def close(self, totals: RunTotals) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+            self.samples.append(_sample(self.now(), totals))
+
+    def timeline(self) -> dict[str, Any]:
+        """Cumulative counts over time; no samples for a run that answered nothing."""
+        answered = self.samples[-1]["records"] > 0
+        return {"started_at": self.started_at.isoformat(), "samples": self.samples * answered}
+
+    def shard_table(self) -> list[dict[str, float]]:
+        """Shards this run committed, with their first answer and commit times."""
+        return [
+            {"shard": s, **t} for s, t in sorted(self.shard_times.items()) if "finished_s" in t
+        ]
+
+
+def _sample(t: float, totals: RunTotals) -> dict[str, float]:
+    return {
+        "t_s": round(t, 3),
+        "records": totals.ok + totals.failed,
+        "prompt_tokens": totals.prompt_tokens,
+        "output_tokens": totals.output_tokens,
+    }

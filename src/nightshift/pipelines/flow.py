@@ -1,0 +1,135 @@
+"""A job as a Prefect flow: a plan task, one task per shard, a report task.
+
+``nightshift jobs run SPEC`` calls this flow in-process; ``nightshift schedule serve``
+and ``deploy`` run it on a schedule. The tasks are thin: each calls one step of
+``jobs.runner`` (``start_run``, ``ShardRunner.run``, ``finish_run``), so a run with and
+without Prefect is the same run.
+
+- Shards are mapped, never records (about 8 ms of Prefect overhead per task).
+- A shard task runs its shard on the flow's engine, built on first use and kept warm
+  across shards, rebuilt after a crash. A shard whose engine dies fails its task;
+  Prefect retries it ``run.shard_attempts - 1`` times after ``run.retry_delay_s``, and
+  the retry continues from the shard's checkpoints.
+- Shard tasks run one at a time per engine, and the flow holds a slot of the host's
+  GPU concurrency limit (``pipelines.slots``) while its engine is up, so two jobs on
+  one machine queue instead of loading two engines onto one GPU.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from prefect import flow, task, unmapped
+from prefect.cache_policies import NONE
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from nightshift.engines import check_engine_spec
+from nightshift.errors import NightshiftError
+from nightshift.jobs.loading import load_spec
+from nightshift.jobs.runner import EnginePool, JobRun, finish_run, raise_if_failed, start_run
+from nightshift.jobs.spec import JobSpec
+from nightshift.pipelines.artifacts import publish_report
+from nightshift.pipelines.slots import gpu_slot
+
+FLOW_NAME = "nightshift-job"
+
+
+class ShardAttemptFailed(NightshiftError):
+    """The engine died under this shard; its checkpoints stay and a retry continues them."""
+
+
+def _only_engine_deaths(task, task_run, state) -> bool:
+    """Retry a shard only when its engine died; a job-level error (every record failing
+    alike, a bad schema) would fail the same way again."""
+    try:
+        state.result()
+    except ShardAttemptFailed:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="plan", cache_policy=NONE)
+def plan_task(spec: JobSpec, overwrite: bool, new_run: bool, progress: bool) -> JobRun:
+    """Plan the job (or take up its plan, adding new records); list the shards left."""
+    return start_run(
+        spec, overwrite=overwrite, new_run=new_run, progress=progress, retry_in_place=False
+    )
+
+
+@task(
+    name="shard",
+    task_run_name="shard-{shard}",
+    cache_policy=NONE,
+    tags=["nightshift-shard"],
+    retry_condition_fn=_only_engine_deaths,
+)
+def shard_task(job: JobRun, shard: int, engines: EnginePool) -> int:
+    """Run one shard to its commit (continuing from its checkpoints on a retry)."""
+    job.runner.run([shard], engines)
+    if shard in job.runner.failures:
+        raise ShardAttemptFailed(f"shard {shard}: {job.runner.failures[shard]}")
+    return shard
+
+
+@task(name="report", cache_policy=NONE)
+def report_task(job: JobRun, engines: EnginePool) -> dict[str, Any]:
+    """Write report.json, report.md and the chart; publish them as flow-run artifacts."""
+    outcome = finish_run(job, engines)
+    publish_report(outcome.report)
+    return outcome.report
+
+
+def _flow_run_name() -> str:
+    """The job's name and the start time, e.g. classify-tickets-20261130-020000."""
+    parameters = flow_run.parameters
+    name = load_spec(parameters["spec_path"], parameters.get("overrides")).name
+    return f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+@flow(
+    name=FLOW_NAME,
+    flow_run_name=_flow_run_name,
+    task_runner=ThreadPoolTaskRunner(max_workers=1),  # one engine: one shard at a time
+    validate_parameters=True,
+)
+def job_flow(
+    spec_path: str,
+    overrides: list[str] | None = None,
+    overwrite: bool = False,
+    new_run: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run one nightshift job spec: plan, shards, report. Resumes and adds new records
+    when rerun into the same output."""
+    spec = load_spec(spec_path, overrides)
+    check_engine_spec(spec)
+    job = plan_task(spec, overwrite, new_run, progress)
+    engines = EnginePool(spec)
+    try:
+        if job.todo:
+            with gpu_slot(spec):
+                _run_shards(spec, job, engines)
+                engines.close()  # free the GPU before its slot
+    finally:
+        engines.close()
+    report = report_task(job, engines)
+    raise_if_failed(job)
+    return report
+
+
+def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:
+    """Map the shards, wait for all of them, re-raise a job-level error if one stopped."""
+    runnable = shard_task.with_options(
+        retries=spec.run.shard_attempts - 1, retry_delay_seconds=spec.run.retry_delay_s
+    )
+    futures = runnable.map(job=unmapped(job), shard=job.todo, engines=unmapped(engines))
+    futures.wait()
+    for future in futures:
+        if future.state.is_failed():
+            error = future.result(raise_on_failure=False)
+            if not isinstance(error, ShardAttemptFailed):
+                raise error
