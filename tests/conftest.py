@@ -19,6 +19,24 @@ from nightshift.demo.tickets import corpus, tickets
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server(tmp_path_factory) -> str:
+    """One real local Prefect server for the whole session (PLATFORM.md: the test
+    harness, a fresh PREFECT_HOME, analytics off). Its URL goes into the environment, so
+    `nightshift jobs run` subprocesses report to it instead of starting their own."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "WARNING"
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        url = PREFECT_API_URL.value()
+        os.environ["PREFECT_API_URL"] = url
+        yield url
+        del os.environ["PREFECT_API_URL"]
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """The demo model with a chat template, and the same model without one."""

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,12 @@ NIGHTSHIFT = [sys.executable, "-m", "nightshift.cli"]
 def run_cli(
     spec: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
+    # A run killed by a test holds its GPU slot until the lease ends: give each run its
+    # own limit, so a rerun right after a kill does not wait for it.
+    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
     return subprocess.run(
         [*NIGHTSHIFT, "jobs", "run", str(spec), "-q", *args],
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **limit, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -45,8 +49,8 @@ def committed_ids(location: str, id_column: str) -> dict[str, list]:
     for kind in ("results", "failed"):
         tables = [read_table(output, uri) for uri in committed_files(location, kind)]
         ids[kind] = [i for t in tables for i in t.column(id_column).to_pylist()]
-    rejects = read_table(output, output.store.uri("rejects.parquet"))
-    ids["rejects"] = rejects.column(id_column).to_pylist()
+    rejects = [read_table(output, uri) for uri in committed_files(location, "rejects")]
+    ids["rejects"] = [i for t in rejects for i in t.column(id_column).to_pylist()]
     return ids
 
 

@@ -5,15 +5,19 @@ A flow holds ``engine.extra.tensor_parallel_size`` slots (default 1) of
 host (one on a machine without GPUs), so a second job on the same machine waits for the
 GPU instead of loading a second engine next to the first. nightshift creates the limit
 when it is missing and never changes one that exists: set your own with
-``prefect gcl create nightshift-gpu-<host> --limit N``. Slots are leased: a flow that
-dies frees its slots when the lease runs out.
+``prefect gcl create nightshift-gpu-<host> --limit N``. Set ``NIGHTSHIFT_GPU_LIMIT``
+to use another limit (e.g. one per group of GPUs a host splits between jobs). Slots are
+leased: a flow that dies frees its slots when its lease runs out, within
+``LEASE_SECONDS``; a rerun right after a crash says so while it waits.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from prefect.client.orchestration import get_client
@@ -23,9 +27,12 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from nightshift.jobs.spec import JobSpec
 
+log = logging.getLogger(__name__)
+LEASE_SECONDS = 60  # renewed while held; how long a dead flow's slot stays taken
+
 
 def limit_name() -> str:
-    return f"nightshift-gpu-{socket.gethostname()}"
+    return os.environ.get("NIGHTSHIFT_GPU_LIMIT") or f"nightshift-gpu-{socket.gethostname()}"
 
 
 def gpus_on_host() -> int:
@@ -50,5 +57,25 @@ def gpu_slot(spec: JobSpec) -> Iterator[None]:
     """Hold this job's share of the host's GPUs while the block runs."""
     name, occupy = limit_name(), int(spec.engine.extra.get("tensor_parallel_size", 1))
     ensure_limit(name, max(gpus_on_host(), occupy))
-    with concurrency(name, occupy=occupy, strict=True):
+    with ExitStack() as held:
+        try:
+            held.enter_context(_slot(name, occupy, timeout_seconds=1))
+        except TimeoutError:
+            log.warning(
+                "waiting for the GPU: concurrency limit %s is full (another job runs, or "
+                "one that died holds it until its lease ends, within %d s)",
+                name,
+                LEASE_SECONDS,
+            )
+            held.enter_context(_slot(name, occupy))
         yield
+
+
+def _slot(name: str, occupy: int, timeout_seconds: float | None = None):
+    return concurrency(
+        name,
+        occupy,
+        timeout_seconds=timeout_seconds,
+        lease_duration=LEASE_SECONDS,
+        strict=True,
+    )
