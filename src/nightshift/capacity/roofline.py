@@ -33,7 +33,12 @@ class Hardware:
 
 
 def hardware(
-    name: str, gpu: GpuSpec, gpus: int, weight_bytes: float, bandwidth_eff: float, compute_eff: float
+    name: str,
+    gpu: GpuSpec,
+    gpus: int,
+    weight_bytes: float,
+    bandwidth_eff: float,
+    compute_eff: float,
 ) -> Hardware:
     fp8 = weight_bytes <= 1 and gpu.fp8_tflops is not None
     tflops = gpu.fp8_tflops if fp8 else gpu.bf16_tflops

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nightshift.capacity.settings import CapacitySpec
+
 # Columns nightshift adds to rejects.parquet beside the input columns the job used.
 REJECT_COLUMNS = frozenset({"reason", "reject_kind"})
 # Columns nightshift writes itself; a kept input column may not take one of these names.
@@ -316,6 +318,7 @@ class JobSpec(_Section):
     plan: PlanSpec = Field(default_factory=PlanSpec, description="How records become shards.")
     run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
     cost: CostSpec = Field(default_factory=CostSpec, description="Price used in the report.")
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Capacity planner.")
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:
