@@ -85,13 +85,13 @@ class Published:
 
 
 def _trt_2025(model: str, gpu: str, gpus: int, isl: int, osl: int, tps: float, n: int):
-    engine = "TensorRT-LLM 1.0 (PyTorch backend, in-flight batching), FP8 weights"
+    engine = "TensorRT-LLM 1.0, in-flight batching"
     return Published(model, "fp8", "fp8", gpu, gpus, isl, osl, tps, n, engine, TRTLLM_2025)
 
 
 def _trt_2023(gpu: str, fp8: bool, batch: int, isl: int, osl: int, tps: float, version: str):
     weights, kv = ("fp8", "fp8") if fp8 else ("float16", "auto")
-    engine = f"TensorRT-LLM {version} (static batch of {batch}), {weights} weights"
+    engine = f"TensorRT-LLM {version}, static batch of {batch}"
     return Published(
         "Llama-2-7B", weights, kv, gpu, 1, isl, osl, tps, batch * 10, engine, TRTLLM_2023, batch
     )
