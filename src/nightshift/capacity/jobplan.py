@@ -45,7 +45,8 @@ def read_config(path: str) -> dict[str, Any]:
     if Path(source).is_dir():
         config = local_config(source)
         if config is None:
-            raise SpecError("model.path", f"{path} holds no config.json", NO_WEIGHTS)
+            fix = f"copy the model's config.json into it; {NO_WEIGHTS}"
+            raise SpecError("model.path", f"{path} holds no config.json", fix)
         return config
     try:
         from huggingface_hub import hf_hub_download
