@@ -256,7 +256,9 @@ def _secs(seconds: float) -> str:
 
 
 def _usd(usd: float) -> str:
-    return f"${usd:,.2f}" if usd >= 0.01 else f"${usd:.2e}"
+    if usd >= 10:
+        return f"${usd:,.2f}"
+    return f"${usd:.3g}" if usd >= 0.001 else f"${usd:.2e}"
 
 
 def _count(n: float) -> str:
