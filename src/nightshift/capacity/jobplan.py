@@ -15,6 +15,7 @@ import polars as pl
 
 from nightshift.capacity.gpus import GpuSpec, find_gpu
 from nightshift.capacity.predict import (
+    Batch,
     DoesNotFit,
     EngineSettings,
     Prediction,
@@ -207,6 +208,19 @@ def _hardware_facts(planner: Planner) -> dict[str, Any]:
     }
 
 
+def _memory_facts(b: Batch, kv_cache_dtype: str) -> dict[str, Any]:
+    return {
+        "kv_cache_gib": b.kv_cache_bytes / 2**30,
+        "kv_cache_dtype": kv_cache_dtype,
+        "kv_bytes_per_token": b.kv_bytes_per_token,
+        "kv_cache_tokens": int(b.kv_cache_bytes // b.kv_bytes_per_token),
+        "tokens_per_record": b.tokens_per_record,
+        "records_that_fit": b.fits,
+        "batch": b.size,
+        "batch_limited_by": b.limited_by,
+    }
+
+
 def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any]) -> dict[str, Any]:
     """The ``capacity`` section of ``jobs plan``: the prediction, its parts and the levers."""
     settings, hw = planner.settings, planner.hardware
@@ -216,7 +230,6 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
     uncached = predict(
         planner.shape, hw, plan_workload(records, work.output_per_record, 0), settings, width
     )
-    b = p.batch
     return {
         **headline(p, planner.spec.cost.usd_per_gpu_hour, hw.gpus),
         "advice": ADVICE[p.binding],
@@ -228,16 +241,7 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
             "prompt_computed": work.computed_tokens,
             "output": work.output_tokens,
         },
-        "memory": {
-            "kv_cache_gib": b.kv_cache_bytes / 2**30,
-            "kv_cache_dtype": settings.kv_cache_dtype,
-            "kv_bytes_per_token": b.kv_bytes_per_token,
-            "kv_cache_tokens": int(b.kv_cache_bytes // b.kv_bytes_per_token),
-            "tokens_per_record": b.tokens_per_record,
-            "records_that_fit": b.fits,
-            "batch": b.size,
-            "batch_limited_by": b.limited_by,
-        },
+        "memory": _memory_facts(p.batch, settings.kv_cache_dtype),
         "passes": {"prefill": p.prefill.as_dict(), "decode": p.decode.as_dict()},
         "time_s": {"prefill": p.prefill_s, "decode": p.decode_s, "total": p.seconds},
         "prefix_cache": {
