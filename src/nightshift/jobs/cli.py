@@ -112,11 +112,17 @@ def plan(
     write: bool = typer.Option(
         False, "--write", help="Also write the plan (shard files) to OUTPUT/plan/, as a run would."
     ),
+    gpu: str = typer.Option(None, help="Predict throughput and cost on this GPU (h100, a100...)."),
+    gpus: int = typer.Option(None, min=1, help="GPUs for the prediction (default: cost.gpus)."),
+    output_tokens: int = typer.Option(None, min=1, help="Expected output tokens per record."),
 ) -> None:
     """Dry run, no engine: records, prompt tokens, over-length records, shards, predicted
-    prefix reuse in planned and input order, projected cost."""
+    prefix reuse in planned and input order, projected cost; with --gpu, predicted
+    throughput, time, cost and the binding limit."""
     from nightshift.jobs.dryrun import plan_summary, summary_text
     from nightshift.jobs.loading import load_spec
 
-    summary = plan_summary(load_spec(spec, overrides), progress=sys.stderr.isatty(), write=write)
+    capacity = {"gpu": gpu, "gpus": gpus, "output_tokens": output_tokens} if gpu else None
+    job = load_spec(spec, overrides)
+    summary = plan_summary(job, progress=sys.stderr.isatty(), write=write, gpu=capacity)
     typer.echo(json.dumps(summary, indent=2) if as_json else summary_text(summary))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightshift.capacity.jobplan import capacity_text, predict_plan, prepare
 from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
@@ -20,9 +21,13 @@ def _measured_throughput(spec: JobSpec) -> float | None:
     return last.get("throughput", {}).get("total_tokens_per_s") or None
 
 
-def plan_summary(spec: JobSpec, progress: bool = False, write: bool = False) -> dict[str, Any]:
+def plan_summary(
+    spec: JobSpec, progress: bool = False, write: bool = False, gpu: dict | None = None
+) -> dict[str, Any]:
     """The plan in numbers and a cost projection; ``write`` also writes the plan next to
-    the output, as a run would before generating."""
+    the output, as a run would before generating; ``gpu`` (the arguments of
+    ``capacity.jobplan.prepare``) adds the capacity prediction."""
+    planner = prepare(spec, **gpu) if gpu else None  # fails before the input is read
     plan = build_plan(spec, load_encoder(spec), progress)
     summary = describe(plan, spec)
     if write:
@@ -35,6 +40,8 @@ def plan_summary(spec: JobSpec, progress: bool = False, write: bool = False) -> 
         summary["written_to"] = output.plans.write(plan, {**summary, **plan_stamp(spec)})
     t = summary["tokens"]
     summary["projection"] = _projection(spec, t["prompt"] + t["output_at_most"])
+    if planner:
+        summary["capacity"] = predict_plan(planner, plan.records, plan.prefix_reuse)
     return summary
 
 
@@ -79,6 +86,7 @@ def summary_text(summary: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"projected cost: unknown; {p['note']}")
+    lines += capacity_text(summary["capacity"]) if "capacity" in summary else []
     if "written_to" in summary:
         lines.append(f"plan written to {summary['written_to']}")
     return "\n".join(lines)

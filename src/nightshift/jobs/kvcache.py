@@ -5,17 +5,16 @@ Both feed the reuse prediction only; the run reports what the engine really had.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+from nightshift.capacity.shape import kv_width, local_config, model_shape
 from nightshift.engines.tokenizer import model_source
 from nightshift.jobs.spec import JobSpec
 
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend
 GPU_BLOCK_SIZE = 16  # vLLM's default on GPUs
 FAKE_BLOCK_SIZE = 16  # the fake engine's default
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "bfloat16": 2, "half": 2}
 
 
 def has_gpu() -> bool:
@@ -44,19 +43,10 @@ def kv_cache_tokens(spec: JobSpec) -> int | None:
 
 def kv_bytes_per_token(spec: JobSpec) -> int | None:
     """Key and value bytes one token takes across all layers, from the model's config."""
-    config_file = Path(model_source(spec.model.path)) / "config.json"
-    if not config_file.is_file():
-        return None
-    config = json.loads(config_file.read_text())
+    config = local_config(model_source(spec.model.path))
     try:
-        heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        layers = config["num_hidden_layers"]
-    except (KeyError, TypeError, ZeroDivisionError):
+        shape = model_shape(config, spec.model.dtype) if config else None
+    except ValueError:
         return None
-    if spec.engine.kv_cache_dtype.startswith("fp8"):
-        width = 1
-    else:
-        dtype = spec.model.dtype if spec.model.dtype != "auto" else config.get("torch_dtype")
-        width = _DTYPE_BYTES.get(str(dtype), 2)
-    return 2 * layers * heads * head_dim * width
+    width = kv_width(spec.engine.kv_cache_dtype, config or {}, spec.model.dtype)
+    return shape.kv_bytes_per_token(width) if shape else None

@@ -12,6 +12,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nightshift.capacity.settings import CapacitySpec
+
 # Columns nightshift adds to rejects.parquet beside the input columns the job used.
 REJECT_COLUMNS = frozenset({"reason", "reject_kind"})
 # Columns nightshift writes itself; a kept input column may not take one of these names.
@@ -362,6 +364,7 @@ class JobSpec(_Section):
     schedule: ScheduleSpec | None = Field(
         default=None, description="Run the job on a cron schedule (nightly), incrementally."
     )
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Capacity planner.")
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:
