@@ -1,4 +1,5 @@
-"""The ``nightshift`` command: ``jobs`` (run, plan) and ``demo`` (init)."""
+"""The ``nightshift`` command: ``jobs`` (run, plan, status, export), ``schedule`` (serve,
+deploy) and ``demo`` (init)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import typer
 
 from nightshift.demo.cli import demo_app
 from nightshift.jobs.cli import jobs_app
+from nightshift.pipelines.cli import schedule_app
 
 app = typer.Typer(
     help="Offline bulk LLM generation over Parquet.",
@@ -14,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(demo_app, name="demo")
+app.add_typer(schedule_app, name="schedule")
 
 if __name__ == "__main__":
     app()

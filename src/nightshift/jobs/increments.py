@@ -71,7 +71,7 @@ def _has_new_ids(spec: JobSpec, known: pl.Series) -> bool:
     for index in range(len(dataset.files)):
         for batch in file_batches(dataset, index, [columns[0]], READ_BATCH):
             ids = pl.from_arrow(pa.Table.from_batches([batch]))[columns[0]].drop_nulls()
-            if not ids.is_in(known).all():
+            if not ids.is_in(known.implode()).all():
                 return True
     return False
 

@@ -142,7 +142,7 @@ def _measure_input(
                 pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row"),
             )
             if skip_ids is not None:  # an increment: a null id was rejected by the first plan
-                frame = frame.filter(~pl.col(columns[0]).is_in(skip_ids).fill_null(True))
+                frame = frame.filter(~pl.col(columns[0]).is_in(skip_ids.implode()).fill_null(True))
             if frame.height:
                 parts.append(measurer.measure(frame))
             row += batch.num_rows

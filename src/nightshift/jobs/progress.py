@@ -32,6 +32,7 @@ class LiveProgress:
         self.started_at = datetime.now(timezone.utc)
         self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
         self.shard_times: dict[int, dict[str, float]] = {}
+        self.expected = 0  # records this run will answer
         self._first_answer: float | None = None
         self._bar: tqdm | None = None
         self._lock = threading.Lock()
@@ -43,6 +44,7 @@ class LiveProgress:
     def expect(self, records: int) -> None:
         """Records this run will answer; the bar starts here."""
         with self._lock:
+            self.expected = records
             if self._bar is None:
                 self._bar = tqdm(total=records, desc="generate", unit="rec", disable=not self.show)
 
@@ -68,11 +70,11 @@ class LiveProgress:
     def projection(self, t: float, totals: RunTotals) -> dict[str, float] | None:
         """Rates so far and where they lead, or None before there is a rate."""
         answered = totals.ok + totals.failed
-        busy = t - (self._first_answer or t)
-        if not answered or busy <= 0 or self._bar is None:
+        busy = t - (self._first_answer if self._first_answer is not None else t)
+        if not answered or busy <= 0:
             return None
         rate = answered / busy
-        left_s = max(self._bar.total - self._bar.n, 0) / rate
+        left_s = max(self.expected - answered, 0) / rate
         hours = (t + left_s) / 3600
         return {
             "records_per_s": rate,

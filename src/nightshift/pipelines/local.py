@@ -34,9 +34,7 @@ def run_flow_once(
     verbose: bool = False,
 ) -> dict[str, Any]:
     """Run the job flow in this process and return its report."""
-    for key, value in _QUIET_PREFECT.items():
-        if not (verbose and key == "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"):
-            os.environ.setdefault(key, value)
+    prefect_defaults(quiet=not verbose)
     from nightshift.pipelines.flow import job_flow  # imports Prefect
 
     _show_nightshift_warnings()
@@ -47,6 +45,14 @@ def run_flow_once(
         new_run=new_run,
         progress=progress,
     )
+
+
+def prefect_defaults(quiet: bool) -> None:
+    """Set nightshift's Prefect defaults where the user has not set them; call before
+    Prefect is imported."""
+    for key, value in _QUIET_PREFECT.items():
+        if quiet or key != "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL":
+            os.environ.setdefault(key, value)
 
 
 def _show_nightshift_warnings() -> None:

@@ -1,0 +1,48 @@
+"""``nightshift schedule serve | deploy``: nightly jobs in Prefect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nightshift.jobs.cli import user_errors
+
+schedule_app = typer.Typer(
+    help="Run job specs on their cron schedules (nightly), through Prefect.",
+    no_args_is_help=True,
+)
+
+SPECS = typer.Argument(
+    ..., help="A folder of job specs; those with a `schedule` section are scheduled."
+)
+
+
+@schedule_app.command("serve")
+@user_errors
+def serve(directory: Path = SPECS) -> None:
+    """Serve one Prefect deployment per scheduled spec from this process, and run each
+    job when its cron comes. Stop with Ctrl-C. Reports to PREFECT_API_URL."""
+    from nightshift.pipelines.local import prefect_defaults
+
+    prefect_defaults(quiet=False)
+    from nightshift.pipelines.schedules import serve_specs
+
+    serve_specs(directory)
+
+
+@schedule_app.command("deploy")
+@user_errors
+def deploy(
+    directory: Path = SPECS,
+    pool: str = typer.Option(..., "--pool", help="The Prefect work pool whose workers run them."),
+) -> None:
+    """Register one deployment per scheduled spec with a work pool (production: Prefect
+    workers on the GPU machines run the jobs)."""
+    from nightshift.pipelines.local import prefect_defaults
+
+    prefect_defaults(quiet=False)
+    from nightshift.pipelines.schedules import deploy_specs
+
+    for name in deploy_specs(directory, pool):
+        typer.echo(f"deployed {name} to work pool {pool}")
