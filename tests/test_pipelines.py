@@ -3,6 +3,7 @@ shard tasks, retries, resume, artifacts, the GPU slot, incremental nights, sched
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -104,7 +105,7 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
     page = published["markdown"].data
     assert f"{report['tokens']['prompt']:,}" in page
     assert f"{cost['usd_per_gpu_hour']:.2f} x 1 x" in page  # the formula, worked out
-    rows = {r["metric"]: r for r in published["table"].data}
+    rows = {r["metric"]: r for r in json.loads(published["table"].data)}
     assert rows["prompt tokens (in)"]["value"] == f"{report['tokens']['prompt']:,}"
     assert (out / "report.md").read_text().startswith("# test-job")
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -209,7 +209,8 @@ class ShardRunner:
                 self.failures[w.shard] = str(exc)
             else:
                 retry.append(w.shard)
-        log.warning("engine died (%s); retrying shards %s on a fresh engine", exc, retry)
+        if self.retry_in_place:
+            log.warning("engine died (%s); retrying shards %s on a fresh engine", exc, retry)
         return retry
 
     def _stop_if_everything_fails(self, w: ShardWork) -> None:

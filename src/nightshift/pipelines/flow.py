@@ -52,7 +52,7 @@ def _only_engine_deaths(task, task_run, state) -> bool:
     return False
 
 
-@task(name="plan", cache_policy=NONE)
+@task(name="plan", task_run_name="plan", cache_policy=NONE)
 def plan_task(spec: JobSpec, overwrite: bool, new_run: bool, progress: bool) -> JobRun:
     """Plan the job (or take up its plan, adding new records); list the shards left."""
     return start_run(
@@ -75,7 +75,7 @@ def shard_task(job: JobRun, shard: int, engines: EnginePool) -> int:
     return shard
 
 
-@task(name="report", cache_policy=NONE)
+@task(name="report", task_run_name="report", cache_policy=NONE)
 def report_task(job: JobRun, engines: EnginePool) -> dict[str, Any]:
     """Write report.json, report.md and the chart; publish them as flow-run artifacts."""
     outcome = finish_run(job, engines)
