@@ -106,9 +106,7 @@ class LiveProgress:
 
     def shard_table(self) -> list[dict[str, float]]:
         """Shards this run committed, with their first answer and commit times."""
-        return [
-            {"shard": s, **t} for s, t in sorted(self.shard_times.items()) if "finished_s" in t
-        ]
+        return [{"shard": s, **t} for s, t in sorted(self.shard_times.items()) if "finished_s" in t]
 
 
 def _sample(t: float, totals: RunTotals) -> dict[str, float]:

@@ -246,4 +246,3 @@ def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -
         "finish_reasons": dict(sorted(reasons.items())),
         "attempts": attempts,
     }
-
