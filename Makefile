@@ -20,7 +20,7 @@ demo: $(DEMO_FILES)
 	$(VENV)/bin/nightshift jobs run configs/classify.yaml --overwrite
 	@echo
 	@echo "results: out/classify-tickets/results/*.parquet (failed/*.parquet and rejects.parquet beside them; status: .venv/bin/nightshift jobs status out/classify-tickets)"
-	@echo "report:  out/classify-tickets/report.json"
+	@echo "report:  out/classify-tickets/report.md (and report.json, report.png)"
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

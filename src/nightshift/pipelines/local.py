@@ -21,6 +21,8 @@ _QUIET_PREFECT = {
     # Two busy cores can take longer than Prefect's 20 s default to start the server.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+    # Prefect's usage telemetry (and its first-run notice): off unless the user opts in.
+    "DO_NOT_TRACK": "1",
 }
 
 
