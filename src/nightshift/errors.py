@@ -84,3 +84,8 @@ class StoreAccessError(StoreError, UserError):
 
 class ObjectNotFound(StoreError):
     """A key that was expected in the object store is not there."""
+
+
+class LeaseLostError(NightshiftError):
+    """Another worker took over this worker's shard (its lease expired): stop working on
+    the shard; what was checkpointed stays, and the new holder continues from it."""

@@ -52,6 +52,9 @@ def run(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs too."),
+    workers: int = typer.Option(
+        1, "--workers", min=1, help="Run the shards in N worker processes, one engine each."
+    ),
 ) -> None:
     """Run a job as a Prefect flow: plan, generate with vLLM, write results and the
     report. Rerun the same command to resume (committed shards are skipped, partial ones
@@ -71,10 +74,29 @@ def run(
         new_run=new_run,
         progress=not quiet and sys.stderr.isatty(),
         verbose=verbose,
+        workers=workers,
     )
     for line in summary_lines(report, report["output"]):
         typer.echo(line)
     typer.echo(f"report: {report['report']} (and report.md beside it)")
+
+
+@jobs_app.command("work")
+@user_errors
+def work(
+    spec: Path = SPEC,
+    overrides: list[str] = SET,
+    worker: str = typer.Option("worker", "--worker", help="A name for this worker's runs."),
+) -> None:
+    """Join a job as one more worker: claim its uncommitted shards one at a time and run
+    them on one engine, until every shard is committed. Start as many as you have GPUs,
+    on any machine that reaches the output; the job must be planned first."""
+    from nightshift.jobs.loading import load_spec
+    from nightshift.pipelines.local import run_worker
+
+    load_spec(spec, overrides)
+    done = run_worker(str(spec), overrides, worker)
+    typer.echo(f"{done['worker']}: committed shards {done['shards']}")
 
 
 @jobs_app.command("status")

@@ -26,6 +26,7 @@ from nightshift.jobs.progress import LiveProgress
 from nightshift.jobs.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.jobs.shards import ShardRunner
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.workerstats import tail_seconds
 
 
 class ShardsFailedError(NightshiftError):
@@ -66,19 +67,27 @@ def start_run(
     new_run: bool = False,
     progress: bool = True,
     retry_in_place: bool = True,
+    as_worker: bool = False,
 ) -> JobRun:
     """Plan the job, or take up the plan of an earlier run of it (adding an increment
-    for records new since, see ``jobs.increments``); list the shards left to run."""
+    for records new since, see ``jobs.increments``); list the shards left to run.
+    ``as_worker``: one of several workers; it takes up the plan as it is (the
+    coordinator planned it) and never plans."""
     clock = LiveProgress(spec.cost, show=progress)
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     stamp = plan_stamp(spec)  # hashes the model's files: once per run
     manifest = _resumable_plan(output, stamp, overwrite)
+    if as_worker and manifest is None:
+        raise OutputExistsError(
+            f"output.path: {output.location} has no plan for a worker to take up; "
+            "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
+        )
     encoder = load_encoder(spec)
     if manifest is None:
         plan = build_plan(spec, encoder, progress)
         output.plans.write(plan, {**describe(plan, spec), **stamp})  # before generation
         manifest = output.plans.manifest()
-    elif spec.run.incremental:
+    elif spec.run.incremental and not as_worker:
         manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
     committed = output.shards.committed()
     todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
@@ -186,6 +195,7 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()
+    report["tail_s"] = tail_seconds(report["timeline"]["samples"])
     # The settings that produced these rows travel with them (temperature 0 is not enough
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)

@@ -12,6 +12,7 @@ up to ``run.shard_attempts`` times.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 
 from nightshift.engines.base import Engine, EngineRequest
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import EngineFatalError, JobAbortedError
+from nightshift.errors import EngineFatalError, JobAbortedError, LeaseLostError
 from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile
 from nightshift.jobs.feed import RequestFeed
@@ -89,6 +90,8 @@ class ShardRunner:
     ) -> None:
         self.spec, self.plans, self.shards, self.encoder = spec, plans, shards, encoder
         self.progress, self.retry_in_place = progress, retry_in_place
+        # Set by a worker's lease keeper when another worker took the shard over.
+        self.lease_lost: threading.Event | None = None
         self.task = handler_for(spec.task)
         self.tables = ResultTables(
             input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
@@ -160,9 +163,14 @@ class ShardRunner:
         run = self.spec.run
         return w.held >= run.chunk_records or time.monotonic() - w.since >= run.chunk_seconds
 
+    def _check_lease(self, shard: int) -> None:
+        if self.lease_lost is not None and self.lease_lost.is_set():
+            raise LeaseLostError(f"shard {shard}: another worker took it over")
+
     def _checkpoint(self, w: ShardWork) -> None:
         if not w.held:
             return
+        self._check_lease(w.shard)
         tables = {
             "ok": self.tables.results_table(w.ok),
             "failed": self.tables.failed_table(w.failed),
@@ -184,6 +192,7 @@ class ShardRunner:
                 f"{ok.num_rows} ok + {failed.num_rows} failed"
             )
         summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
+        self._check_lease(w.shard)
         if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
             log.warning(
                 "shard %d was committed by another attempt; this one's copy is dropped", w.shard

@@ -297,6 +297,13 @@ class RunSpec(_Section):
         "no earlier run planned, so a nightly job generates only new records. false: a "
         "rerun only resumes. To regenerate everything, run with --overwrite or --new-run.",
     )
+    lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="With several workers, a worker's claim on a shard lasts this long "
+        "unless renewed (every quarter of it); a worker that dies gives its shard up to "
+        "the others after at most this long. Keep it well above the workers' clock skew.",
+    )
     retry_delay_s: list[float] = Field(
         default=[10.0, 60.0],
         description="Seconds Prefect waits before retrying a failed shard task, one per "

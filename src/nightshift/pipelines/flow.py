@@ -28,7 +28,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from nightshift.engines import check_engine_spec
 from nightshift.errors import NightshiftError
 from nightshift.jobs.loading import load_spec
-from nightshift.jobs.runner import EnginePool, JobRun, finish_run, raise_if_failed, start_run
+from nightshift.jobs.runner import (
+    EnginePool,
+    JobRun,
+    ShardsFailedError,
+    finish_run,
+    raise_if_failed,
+    start_run,
+)
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.slots import gpu_slot
@@ -102,15 +109,19 @@ def job_flow(
     overwrite: bool = False,
     new_run: bool = False,
     progress: bool = False,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run one nightshift job spec: plan, shards, report. Resumes and adds new records
-    when rerun into the same output."""
+    when rerun into the same output. ``workers`` > 1 runs the shards in that many
+    worker processes on this machine, one engine each (``pipelines.workers``)."""
     spec = load_spec(spec_path, overrides)
     check_engine_spec(spec)
-    job = plan_task(spec, overwrite, new_run, progress)
+    job = plan_task(spec, overwrite, new_run, progress and workers == 1)
     engines = EnginePool(spec)
     try:
-        if job.todo:
+        if job.todo and workers > 1:
+            _run_workers(spec, job, engines, spec_path, overrides or [], workers)
+        elif job.todo:
             with gpu_slot(spec):
                 _run_shards(spec, job, engines)
                 engines.close()  # free the GPU before its slot
@@ -118,7 +129,26 @@ def job_flow(
         engines.close()
     report = report_task(job, engines)
     raise_if_failed(job)
+    if not report["shards"]["complete"]:  # every worker died, or gave the rest up
+        raise ShardsFailedError(
+            f"{report['shards']['count'] - report['shards']['committed']} shard(s) left "
+            "uncommitted when the workers stopped; rerun the same command to finish them"
+        )
     return report
+
+
+def _run_workers(
+    spec: JobSpec, job: JobRun, engines: EnginePool, spec_path: str, overrides: list[str], n: int
+) -> None:
+    """Run the shards in ``n`` local worker processes; take their figures for the report."""
+    from nightshift.jobs.workerstats import absorb_worker_figures, read_worker_figures
+    from nightshift.pipelines.launch import local_workers_task
+
+    if job.output.location != spec.output.path:  # --new-run: the workers write there too
+        overrides = [*overrides, f"output.path={job.output.location}"]
+    local_workers_task(spec, spec_path, overrides, n)
+    figures = read_worker_figures(job, since=job.progress.started_at.timestamp())
+    absorb_worker_figures(job, engines, figures)
 
 
 def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:

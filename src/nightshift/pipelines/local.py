@@ -34,6 +34,7 @@ def run_flow_once(
     new_run: bool = False,
     progress: bool = False,
     verbose: bool = False,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run the job flow in this process and return its report."""
     prefect_defaults(quiet=not verbose)
@@ -46,7 +47,17 @@ def run_flow_once(
         overwrite=overwrite,
         new_run=new_run,
         progress=progress,
+        workers=workers,
     )
+
+
+def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict[str, Any]:
+    """Run one worker flow in this process (``nightshift jobs work``)."""
+    prefect_defaults(quiet=True)
+    from nightshift.pipelines.workers import worker_flow  # imports Prefect
+
+    _show_nightshift_warnings()
+    return worker_flow(spec_path=str(spec_path), worker=worker, overrides=list(overrides or []))
 
 
 def prefect_defaults(quiet: bool) -> None:

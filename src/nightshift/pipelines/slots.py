@@ -2,8 +2,9 @@
 
 A flow holds ``engine.extra.tensor_parallel_size`` slots (default 1) of
 ``nightshift-gpu-<host>`` while its engine is up. The limit has one slot per GPU on the
-host (one on a machine without GPUs), so a second job on the same machine waits for the
-GPU instead of loading a second engine next to the first. nightshift creates the limit
+host, so a second job on the same machine waits for the GPU instead of loading a second
+engine next to the first. A machine without GPUs takes no slot (CPU engines share the
+cores) unless ``NIGHTSHIFT_GPU_LIMIT`` names a limit to use. nightshift creates the limit
 when it is missing and never changes one that exists: set your own with
 ``prefect gcl create nightshift-gpu-<host> --limit N``. Set ``NIGHTSHIFT_GPU_LIMIT``
 to use another limit (e.g. one per group of GPUs a host splits between jobs). Slots are
@@ -36,8 +37,8 @@ def limit_name() -> str:
 
 
 def gpus_on_host() -> int:
-    """NVIDIA devices this machine shows, and 1 for a machine without any."""
-    return max(1, len(list(Path("/dev").glob("nvidia[0-9]*"))))
+    """NVIDIA devices this machine shows."""
+    return len(list(Path("/dev").glob("nvidia[0-9]*")))
 
 
 def ensure_limit(name: str, slots: int) -> None:
@@ -54,9 +55,14 @@ def ensure_limit(name: str, slots: int) -> None:
 
 @contextmanager
 def gpu_slot(spec: JobSpec) -> Iterator[None]:
-    """Hold this job's share of the host's GPUs while the block runs."""
+    """Hold this job's share of the host's GPUs while the block runs. A machine without
+    GPUs has nothing to guard (CPU engines share cores) unless NIGHTSHIFT_GPU_LIMIT
+    names a limit."""
+    if not gpus_on_host() and not os.environ.get("NIGHTSHIFT_GPU_LIMIT"):
+        yield
+        return
     name, occupy = limit_name(), int(spec.engine.extra.get("tensor_parallel_size", 1))
-    ensure_limit(name, max(gpus_on_host(), occupy))
+    ensure_limit(name, max(gpus_on_host(), occupy, 1))
     with ExitStack() as held:
         try:
             held.enter_context(_slot(name, occupy, timeout_seconds=1))

@@ -1,0 +1,159 @@
+"""Scale-out: `jobs run --workers N`, workers claiming shards through leases on one
+output, a worker killed mid-shard, and the figures the report adds up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+import yaml
+
+from nightshift.io.outputs import JobOutput
+
+from .conftest import spec_dict, write_records
+from .durable import assert_exactly_once, report
+
+pytest_plugins = ["tests.s3server"]
+
+
+def tickets(n: int) -> list[dict]:
+    return [
+        {
+            "ticket_id": f"t{i:03d}",
+            "subject": f"subject {i % 7}",
+            "body": f"body {i} " * (1 + i % 9),
+        }
+        for i in range(n)
+    ]
+
+
+def start_run(spec_path, workers: int, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nightshift.cli",
+            "jobs",
+            "run",
+            str(spec_path),
+            "-q",
+            "--workers",
+            str(workers),
+        ],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def worker_processes(run: subprocess.Popen) -> dict[str, psutil.Process]:
+    """The run's worker processes by worker name (worker-0, ...)."""
+    found = {}
+    for child in psutil.Process(run.pid).children(recursive=True):
+        try:
+            line = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "work" in line and "--worker" in line:
+            found[line[line.index("--worker") + 1]] = child
+    return found
+
+
+def kill_with_children(process: psutil.Process) -> None:
+    """SIGKILL a worker and its engine processes, as if its machine died."""
+    for p in [*process.children(recursive=True), process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+
+
+def held_shards(location: str, worker: str) -> list[int]:
+    """Shards whose newest lease names ``worker`` and that have not committed."""
+    from nightshift.io.leases import ShardLeases
+
+    output = JobOutput(location)
+    committed = output.shards.committed()
+    leases = ShardLeases(output.store, "observer")
+    shards = [s["index"] for s in output.plans.manifest()["shards"]["each"]]
+    return [
+        s
+        for s in shards
+        if s not in committed and (leases.holder(s) or {}).get("worker", "").startswith(worker)
+    ]
+
+
+def test_two_local_workers_share_the_shards_on_the_fake_engine(models, tmp_path, write_spec):
+    rows = tickets(120)
+    write_records(tmp_path / "in" / "a.parquet", rows)
+    out = tmp_path / "out"
+    spec = spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        out,
+        plan={"shard_records": 10},
+        run={"engine": "fake", "chunk_records": 4},
+    )
+    run = start_run(write_spec(spec), 2, {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.02"})
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    assert_exactly_once(str(out), "ticket_id", [r["ticket_id"] for r in rows])
+    figures = report(str(out))
+    assert figures["shards"]["complete"] and figures["shards"]["count"] >= 8
+    assert figures["this_run"]["engine_starts"] == 2
+    assert figures["this_run"]["records_answered"] == 120
+    assert figures["timeline"]["samples"][-1]["records"] == 120
+    assert figures["tail_s"] is not None and figures["tail_s"] >= 0
+    workers = JobOutput(str(out)).store.list("_work/workers/")
+    assert len(workers) == 2  # both took part
+
+
+@pytest.mark.engine
+def test_three_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path, s3_env):
+    """Real vLLM, S3 output, 3 workers, 24 shards: kill worker-1 (and its engine) while
+    it holds a shard; its lease expires, another worker takes the shard over, and every
+    record is in the output exactly once."""
+    rows = tickets(144)
+    write_records(tmp_path / "in" / "a.parquet", rows)
+    out = f"s3://{s3_env.bucket}/jobs/{uuid.uuid4().hex[:8]}/out"
+    spec = spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        out,
+        plan={"shard_records": 6},
+        run={"chunk_records": 2, "lease_s": 15},
+    )
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    run = start_run(spec_path, 3, s3_env.env())
+    try:
+        victim = _kill_worker_holding_a_shard(run, out, "worker-1")
+        stdout, stderr = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            kill_with_children(psutil.Process(run.pid))
+    assert run.returncode == 0, stderr
+    assert_exactly_once(out, "ticket_id", [r["ticket_id"] for r in rows])
+    figures = report(out)
+    assert figures["shards"]["count"] >= 20 and figures["shards"]["complete"]
+    assert victim in JobOutput(out).shards.committed()  # taken over and finished
+    assert figures["this_run"]["engine_starts"] >= 2  # the survivors' engines
+
+
+def _kill_worker_holding_a_shard(run, out: str, name: str, timeout: float = 600) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1]
+        worker = worker_processes(run).get(name)
+        held = held_shards(out, name) if worker and JobOutput(out).plans.manifest() else []
+        if held:
+            kill_with_children(worker)
+            return held[0]
+        time.sleep(0.5)
+    raise AssertionError(f"{name} never held a shard")
