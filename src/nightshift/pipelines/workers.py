@@ -26,7 +26,7 @@ from prefect.runtime import flow_run
 
 from nightshift.engines import check_engine_spec
 from nightshift.errors import LeaseLostError
-from nightshift.io.leases import LeaseKeeper, ShardLeases
+from nightshift.io.leases import Lease, LeaseKeeper, ShardLeases
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.runner import EnginePool, JobRun, start_run
 from nightshift.jobs.workerstats import write_worker_figures
@@ -70,14 +70,14 @@ def claim_and_run(job: JobRun, engines: EnginePool, leases: ShardLeases) -> list
         left = _uncommitted(job, given_up)
         if not left:
             return done
-        shard = _claim_first(leases, left)
-        if shard is None:  # every shard left is leased by a live worker: wait, one may die
+        lease = _claim_first(leases, left)
+        if lease is None:  # every shard left is leased by a live worker: wait, one may die
             time.sleep(IDLE_POLL_S)
             continue
-        if _run_claimed(job, engines, leases, shard):
-            done.append(shard)
+        if _run_claimed(job, engines, leases, lease):
+            done.append(lease.shard)
         else:
-            given_up.add(shard)
+            given_up.add(lease.shard)
 
 
 def _uncommitted(job: JobRun, given_up: set[int]) -> list[int]:
@@ -85,7 +85,7 @@ def _uncommitted(job: JobRun, given_up: set[int]) -> list[int]:
     return [s for s in job.todo if s not in committed and s not in given_up]
 
 
-def _claim_first(leases: ShardLeases, shards: list[int]):
+def _claim_first(leases: ShardLeases, shards: list[int]) -> Lease | None:
     for shard in shards:  # plan order: the longest prompts first
         lease = leases.claim(shard)
         if lease is not None:
@@ -93,7 +93,7 @@ def _claim_first(leases: ShardLeases, shards: list[int]):
     return None
 
 
-def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease) -> bool:
+def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease: Lease) -> bool:
     """Run a claimed shard; True when it committed. A shard whose attempts ran out here
     is released for other workers; one taken over by another worker is left to it."""
     shard = lease.shard
@@ -101,7 +101,12 @@ def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease) -
         job.runner.lease_lost = keeper.lost
         try:
             if shard not in job.output.shards.committed():  # committed since the listing
-                shard_task(job, shard, engines)
+                spec = job.spec
+                retried = shard_task.with_options(
+                    retries=spec.run.shard_attempts - 1,
+                    retry_delay_seconds=spec.run.retry_delay_s,
+                )
+                retried(job, shard, engines)
         except LeaseLostError:
             log.warning("shard %d was taken over by another worker; moving on", shard)
             return False
