@@ -280,3 +280,17 @@ def test_the_live_projection_on_a_hand_computed_case():
     assert p["seconds_left"] == pytest.approx(80.0)
     assert p["usd"] == pytest.approx(2.0 * 2 * 110 / 3600)
     assert LiveProgress(CostSpec(), show=False).projection(5.0, RunTotals()) is None
+
+
+def test_the_tail_is_the_time_from_90_to_100_percent_answered():
+    from nightshift.jobs.progress import LiveProgress
+    from nightshift.jobs.spec import CostSpec
+    from nightshift.jobs.workerstats import tail_seconds
+
+    clock = LiveProgress(CostSpec(), show=False)
+    clock.expect(10)
+    for answered, t in [(8, 1.0), (9, 2.5), (10, 7.0)]:
+        clock._mark_tail(t, answered)
+    assert clock.tail_s() == pytest.approx(4.5)
+    samples = [{"t_s": t, "records": r} for t, r in [(0, 0), (2, 50), (4, 95), (9, 100)]]
+    assert tail_seconds(samples) == pytest.approx(5.0)

@@ -4,6 +4,7 @@ output, a worker killed mid-shard, and the figures the report adds up."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -157,3 +158,35 @@ def _kill_worker_holding_a_shard(run, out: str, name: str, timeout: float = 600)
             return held[0]
         time.sleep(0.5)
     raise AssertionError(f"{name} never held a shard")
+
+
+def test_a_worker_takes_over_a_shard_once_a_dead_workers_lease_expires(
+    models, tmp_path, write_spec
+):
+    """A lease left by a worker that died blocks its shard only until it expires; a live
+    worker (`nightshift jobs work`) then takes it over and finishes the job."""
+    from nightshift.io.leases import ShardLeases
+    from nightshift.jobs.dryrun import plan_summary
+    from nightshift.jobs.loading import validate_spec
+
+    rows = tickets(60)
+    write_records(tmp_path / "in" / "a.parquet", rows)
+    out = tmp_path / "out"
+    data = spec_dict(
+        models["chat"], tmp_path / "in", out, plan={"shard_records": 10}, run={"engine": "fake"}
+    )
+    plan_summary(validate_spec(data), write=True)
+    output = JobOutput(str(out))
+    assert ShardLeases(output.store, "dead-worker", ttl_s=30).claim(0) is not None
+
+    work = subprocess.run(
+        [sys.executable, "-m", "nightshift.cli", "jobs", "work", str(write_spec(data))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert work.returncode == 0, work.stderr
+    assert_exactly_once(str(out), "ticket_id", [r["ticket_id"] for r in rows])
+    [figures] = [json.loads(output.store.get_bytes(k)) for k in output.store.list("_work/workers/")]
+    assert 0 in figures["committed"]  # taken over from the dead worker
+    assert figures["committed"][-1] == 0  # after every shard that was free

@@ -20,6 +20,7 @@ from nightshift.jobs.report import RunTotals
 from nightshift.jobs.spec import CostSpec
 
 SAMPLE_SECONDS = 2.0  # one timeline point (and one postfix refresh) every this often
+TAIL_SHARE = 0.9  # the tail: from this share of the run's records answered to all
 
 
 class LiveProgress:
@@ -33,6 +34,7 @@ class LiveProgress:
         self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
         self.shard_times: dict[int, dict[str, float]] = {}
         self.expected = 0  # records this run will answer
+        self._tail_marks: dict[str, float] = {}  # when 90% and 100% were answered
         self._first_answer: float | None = None
         self._bar: tqdm | None = None
         self._lock = threading.Lock()
@@ -57,9 +59,22 @@ class LiveProgress:
             self.shard_times.setdefault(shard, {"started_s": t})
             if self._bar is not None:
                 self._bar.update(1)
+            self._mark_tail(t, totals.ok + totals.failed)
             if t - self.samples[-1]["t_s"] >= SAMPLE_SECONDS:
                 self.samples.append(_sample(t, totals))
                 self._project(t, totals)
+
+    def _mark_tail(self, t: float, answered: int) -> None:
+        if answered >= TAIL_SHARE * self.expected:
+            self._tail_marks.setdefault("share", t)
+        if answered >= self.expected:
+            self._tail_marks.setdefault("all", t)
+
+    def tail_s(self) -> float | None:
+        """Seconds from 90% of this run's records answered to all of them (None when the
+        run answered none here; a scaled-out run's tail comes from its workers' timelines)."""
+        marks = self._tail_marks
+        return marks["all"] - marks["share"] if "all" in marks and "share" in marks else None
 
     def shard_done(self, shard: int, records: int) -> None:
         with self._lock:

@@ -195,7 +195,8 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()
-    report["tail_s"] = tail_seconds(report["timeline"]["samples"])
+    tail = job.progress.tail_s()
+    report["tail_s"] = tail if tail is not None else tail_seconds(report["timeline"]["samples"])
     # The settings that produced these rows travel with them (temperature 0 is not enough
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)
