@@ -172,8 +172,14 @@ def test_overwrite_replaces_nightshifts_files_and_nothing_else(models, ticket_di
     run(models, ticket_dir, tmp_path / "out")
     (tmp_path / "out" / "results" / "notes.txt").write_text("mine")
     (tmp_path / "out" / "mine.csv").write_text("a,b")
+    from nightshift.io.leases import ShardLeases
+    from nightshift.io.outputs import JobOutput
+
+    store = JobOutput(str(tmp_path / "out")).store
+    ShardLeases(store, "a-worker-that-died").claim(0)  # would hold shard 0 for lease_s
     spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
     run_job(spec, engine=FakeEngine(), progress=False, overwrite=True)
+    assert store.list("leases/") == []
     assert (tmp_path / "out" / "results" / "notes.txt").read_text() == "mine"
     assert (tmp_path / "out" / "mine.csv").read_text() == "a,b"
     assert len(pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")) == 120

@@ -7,7 +7,8 @@ Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
     OUTPUT/committed/             one commit marker per finished shard (io.shardstore)
     OUTPUT/results/               committed shards' answers, one file per shard
     OUTPUT/failed/                committed shards' failed records, with ``error``
-    OUTPUT/_work/                 checkpoints of shards still running
+    OUTPUT/_work/                 checkpoints of shards still running, workers' figures
+    OUTPUT/leases/                which worker holds which shard (io.leases)
     OUTPUT/rejects-0001.parquet   rejects of later increments (records new since)
     OUTPUT/report.json            counts, tokens, times, throughput, cost; rewritten by
                                   every run into this output
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError
+from nightshift.io.leases import LEASES
 from nightshift.io.objectstore import ObjectStore, open_store
 from nightshift.io.planstore import PLAN_DIR, REJECTS, PlanStore
 from nightshift.io.shardstore import COMMITTED, WORK, ShardStore
@@ -77,7 +79,7 @@ class JobOutput:
     def clear(self) -> None:
         """Delete every key nightshift owns here (for --overwrite), markers first, so a
         reader never sees a marker whose files are gone."""
-        for folder in (COMMITTED, PLAN_DIR, WORK):
+        for folder in (COMMITTED, PLAN_DIR, WORK, LEASES):
             self.store.delete(self.store.list(f"{folder}/"))
         manifest = self.plans.manifest() or {}
         rejects = manifest.get("rejects_files", [REJECTS])
