@@ -29,17 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
+from overhead import subset  # benchmarks/ is the script's directory, so on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def subset(records: int, directory: Path) -> Path:
-    table = ds.dataset(str(ROOT / "data/demo/tickets"), format="parquet").head(records)
-    path = directory / "tickets.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 def run(tickets: Path, out: Path, workers: int, shard_records: int) -> dict:
