@@ -55,6 +55,7 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
         "max_num_seqs": e.max_num_seqs,
         "max_num_batched_tokens": e.max_num_batched_tokens,
         "gpu_memory_utilization": e.gpu_memory_utilization,
+        "tensor_parallel_size": e.tensor_parallel_size,
         "disable_log_stats": False,  # get_metrics() needs the stat loggers
         "seed": spec.sampling.seed if spec.sampling.seed is not None else 0,
         # Compact guided JSON: whitespace between JSON tokens is output the user pays for,

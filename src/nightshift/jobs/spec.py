@@ -190,6 +190,7 @@ SPEC_ENGINE_ARGS = {
     "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "gpu_memory_utilization": "engine.gpu_memory_utilization",
     "block_size": "engine.block_size",
+    "tensor_parallel_size": "engine.tensor_parallel_size",
     "seed": "sampling.seed",
 }
 
@@ -227,10 +228,17 @@ class EngineSpec(_Section):
         "so the planner aligns prefix groups to it. Unset: the engine's default (128 on "
         "the CPU build, 16 on GPUs).",
     )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="GPUs one engine spreads the model over (tensor parallel), for a model "
+        "too big for one GPU. Each worker holds this many GPUs; data parallel is more "
+        "workers.",
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="Any other vllm.LLM engine argument, passed through unchanged "
-        "(for example enforce_eager, num_gpu_blocks_override, tensor_parallel_size).",
+        "(for example enforce_eager, num_gpu_blocks_override).",
     )
 
     @field_validator("extra")

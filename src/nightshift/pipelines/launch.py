@@ -2,7 +2,7 @@
 
 Each process runs ``nightshift jobs work`` (one ``nightshift-worker`` flow run, one
 engine) against the same Prefect server as the launching flow. Devices are split, not
-shared: on a GPU machine worker i sees its own ``engine.extra.tensor_parallel_size``
+shared: on a GPU machine worker i sees its own ``engine.tensor_parallel_size``
 GPUs (``CUDA_VISIBLE_DEVICES``); on a CPU machine with at least as many cores as workers
 each worker's vLLM threads are bound to its own cores (``VLLM_CPU_OMP_THREADS_BIND``).
 This is a launcher for one host, not a scheduler: which worker runs which shard is
@@ -53,7 +53,7 @@ def local_workers_task(
 
 def device_env(spec: JobSpec, index: int, count: int) -> dict[str, str]:
     """The devices worker ``index`` of ``count`` may use."""
-    per_engine = int(spec.engine.extra.get("tensor_parallel_size", 1))
+    per_engine = spec.engine.tensor_parallel_size
     gpus = gpus_on_host()
     if gpus:
         first = index * per_engine % gpus

@@ -1,6 +1,6 @@
 """The host's GPU concurrency limit: one Prefect global concurrency limit per machine.
 
-A flow holds ``engine.extra.tensor_parallel_size`` slots (default 1) of
+A flow holds ``engine.tensor_parallel_size`` slots (default 1) of
 ``nightshift-gpu-<host>`` while its engine is up. The limit has one slot per GPU on the
 host, so a second job on the same machine waits for the GPU instead of loading a second
 engine next to the first. A machine without GPUs takes no slot (CPU engines share the
@@ -61,7 +61,7 @@ def gpu_slot(spec: JobSpec) -> Iterator[None]:
     if not gpus_on_host() and not os.environ.get("NIGHTSHIFT_GPU_LIMIT"):
         yield
         return
-    name, occupy = limit_name(), int(spec.engine.extra.get("tensor_parallel_size", 1))
+    name, occupy = limit_name(), spec.engine.tensor_parallel_size
     ensure_limit(name, max(gpus_on_host(), occupy, 1))
     with ExitStack() as held:
         try:

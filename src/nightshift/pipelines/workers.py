@@ -1,7 +1,7 @@
 """Scale-out: many workers, one engine each, claiming shards through leases.
 
 A worker is a Prefect flow run (``nightshift-worker``) that owns one engine (one GPU, or
-``engine.extra.tensor_parallel_size`` GPUs) for its whole life and loops: claim the next
+``engine.tensor_parallel_size`` GPUs) for its whole life and loops: claim the next
 uncommitted shard whose lease is free or expired (``io.leases``), run it as a shard task,
 commit, claim the next. Workers never talk to each other; the object store is the only
 shared state, so they may run anywhere that reaches the output: N processes on one
