@@ -28,7 +28,6 @@ HARMLESS_ENGINE_EXTRA = frozenset(
     {
         "enforce_eager",
         "num_gpu_blocks_override",
-        "tensor_parallel_size",
         "pipeline_parallel_size",
         "data_parallel_size",
         "swap_space",

@@ -90,11 +90,22 @@ def report_task(job: JobRun, engines: EnginePool) -> dict[str, Any]:
     return outcome.report
 
 
+def shard_task_for(spec: JobSpec):
+    """The shard task with the spec's retries: engine deaths only, after a delay."""
+    return shard_task.with_options(
+        retries=spec.run.shard_attempts - 1, retry_delay_seconds=spec.run.retry_delay_s
+    )
+
+
+def running_job_name() -> str:
+    """The job name of the flow run being named (its spec, as the run will load it)."""
+    parameters = flow_run.parameters
+    return load_spec(parameters["spec_path"], parameters.get("overrides")).name
+
+
 def _flow_run_name() -> str:
     """The job's name and the start time, e.g. classify-tickets-20261130-020000."""
-    parameters = flow_run.parameters
-    name = load_spec(parameters["spec_path"], parameters.get("overrides")).name
-    return f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+    return f"{running_job_name()}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 @flow(
@@ -153,10 +164,7 @@ def _run_workers(
 
 def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:
     """Map the shards, wait for all of them, re-raise a job-level error if one stopped."""
-    runnable = shard_task.with_options(
-        retries=spec.run.shard_attempts - 1, retry_delay_seconds=spec.run.retry_delay_s
-    )
-    futures = runnable.map(job=unmapped(job), shard=job.todo, engines=unmapped(engines))
+    futures = shard_task_for(spec).map(job=unmapped(job), shard=job.todo, engines=unmapped(engines))
     futures.wait()
     for future in futures:
         if future.state.is_failed():

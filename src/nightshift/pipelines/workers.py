@@ -30,7 +30,7 @@ from nightshift.io.leases import Lease, LeaseKeeper, ShardLeases
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.runner import EnginePool, JobRun, start_run
 from nightshift.jobs.workerstats import write_worker_figures
-from nightshift.pipelines.flow import ShardAttemptFailed, shard_task
+from nightshift.pipelines.flow import ShardAttemptFailed, running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
 
 log = logging.getLogger(__name__)
@@ -38,9 +38,7 @@ IDLE_POLL_S = 2.0  # how often a worker with nothing to claim looks again
 
 
 def _worker_run_name() -> str:
-    parameters = flow_run.parameters
-    name = load_spec(parameters["spec_path"], parameters.get("overrides")).name
-    return f"{name}-{parameters['worker']}-{datetime.now():%H%M%S}"
+    return f"{running_job_name()}-{flow_run.parameters['worker']}-{datetime.now():%H%M%S}"
 
 
 @flow(name="nightshift-worker", flow_run_name=_worker_run_name, validate_parameters=True)
@@ -101,12 +99,7 @@ def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease: L
         job.runner.lease_lost = keeper.lost
         try:
             if shard not in job.output.shards.committed():  # committed since the listing
-                spec = job.spec
-                retried = shard_task.with_options(
-                    retries=spec.run.shard_attempts - 1,
-                    retry_delay_seconds=spec.run.retry_delay_s,
-                )
-                retried(job, shard, engines)
+                shard_task_for(job.spec)(job, shard, engines)
         except LeaseLostError:
             log.warning("shard %d was taken over by another worker; moving on", shard)
             return False
