@@ -55,7 +55,7 @@ def bare_generate(engine, spec, token_ids: list[list[int]]) -> dict:
 
 
 def nightshift_run(engine, spec, overwrite: bool) -> dict:
-    from nightshift.jobs.runner import run_job
+    from nightshift.pipelines.direct import run_job
 
     engine._llm.reset_prefix_cache()
     report = run_job(spec, engine=engine, progress=False, overwrite=overwrite).report
@@ -70,9 +70,9 @@ def encode_planned(spec, location: str) -> tuple[list[list[int]], float]:
     """The plan's prompts as token ids, in run order, and how long encoding took."""
     from nightshift.io.objectstore import open_store
     from nightshift.io.planstore import PlanStore
-    from nightshift.jobs.dryrun import plan_summary
-    from nightshift.jobs.feed import RequestFeed
-    from nightshift.jobs.runner import load_encoder
+    from nightshift.running.feed import RequestFeed
+    from nightshift.scheduling.dryrun import plan_summary
+    from nightshift.scheduling.plan import load_encoder
 
     shards = list(range(plan_summary(spec, write=True)["shards"]["count"]))
     feed = RequestFeed(spec, PlanStore(open_store(location)), load_encoder(spec))
@@ -82,15 +82,15 @@ def encode_planned(spec, location: str) -> tuple[list[list[int]], float]:
 
 
 def measure(records: int) -> dict:
-    from nightshift.engines.vllm_engine import VllmEngine
     from nightshift.jobs.loading import load_spec
+    from nightshift.running.engines import start_vllm
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"input.path={subset(records, Path(tmp))}", f"output.path={tmp}/out"]
         spec = load_spec(ROOT / "configs/classify.yaml", overrides)
         token_ids, tokenize_s = encode_planned(spec, f"{tmp}/out")
         began = time.perf_counter()
-        engine = VllmEngine.from_spec(spec)
+        engine = start_vllm(spec)
         startup_s = time.perf_counter() - began
         bare = [bare_generate(engine, spec, token_ids)]
         ours = [nightshift_run(engine, spec, overwrite=False)]  # runs the written plan

@@ -139,7 +139,7 @@ def token_ids(spec, rows: list[dict]) -> list[list[int]]:
     """nightshift's own token ids for ``rows`` (the one call that follows its encoder API)."""
     import polars as pl
 
-    from nightshift.jobs.runner import load_encoder
+    from nightshift.scheduling.plan import load_encoder
     from nightshift.scheduling.prompts import PromptTemplate
 
     # Exactly as a run encodes them: segment by segment (see PromptEncoder.encode_records).
@@ -202,10 +202,10 @@ def bare_generate(spec, ids: list[list[int]]) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from nightshift.engines.vllm_engine import VllmEngine
+    from nightshift.running.engines import start_vllm
 
     started = time.perf_counter()
-    engine = VllmEngine.from_spec(spec)  # the very arguments (and fallbacks) of a job
+    engine = start_vllm(spec)  # the very arguments (and fallbacks) of a job
     llm, ready = engine._llm, time.perf_counter()
     s = spec.sampling
     params = SamplingParams(

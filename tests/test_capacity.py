@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from nightshift.capacity.gpus import GPUS, GpuSpec, find_gpu
-from nightshift.capacity.jobplan import headline
 from nightshift.capacity.predict import (
     Batch,
     EngineSettings,
@@ -26,6 +25,7 @@ from nightshift.capacity.roofline import ARITHMETIC, BANDWIDTH, Hardware, decode
 from nightshift.capacity.shape import model_shape
 from nightshift.cli import app
 from nightshift.errors import SpecError
+from nightshift.scheduling.capacity import headline
 
 from .conftest import spec_dict
 

@@ -31,7 +31,7 @@ def test_model_build_is_deterministic(models, tmp_path):
 
 def test_only_the_engines_package_imports_vllm():
     code = (
-        "import sys, nightshift.cli, nightshift.jobs.runner, nightshift.jobs.dryrun;"
+        "import sys, nightshift.cli, nightshift.running.runner, nightshift.scheduling.dryrun;"
         "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

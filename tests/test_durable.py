@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from nightshift.engines.fake import FakeEngine
-from nightshift.errors import OutputExistsError
+from nightshift.errors import OutputExistsError, ShardsFailedError
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.runner import ShardsFailedError, run_job
 from nightshift.jobs.status import output_status
+from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
 from .durable import (
@@ -119,7 +119,7 @@ def test_a_dead_engine_is_replaced_and_the_shard_continues(job, tmp_path):
     _, spec, ids = job
     job_spec = validate_spec(spec)
     engines = iter([FakeEngine(die_after=30), FakeEngine()])
-    import nightshift.jobs.runner as runner
+    import nightshift.running.engines as runner
 
     original = runner.build_engine
     runner.build_engine = lambda s: next(engines)
@@ -133,7 +133,7 @@ def test_a_dead_engine_is_replaced_and_the_shard_continues(job, tmp_path):
 
 
 def test_a_shard_that_keeps_failing_is_named_and_a_rerun_finishes_it(job, tmp_path, monkeypatch):
-    import nightshift.jobs.runner as runner
+    import nightshift.running.engines as runner
 
     _, spec, ids = job
     spec["run"]["shard_attempts"] = 2

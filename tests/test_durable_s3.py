@@ -11,8 +11,8 @@ import yaml
 
 from nightshift.engines.fake import FakeEngine
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.runner import run_job
 from nightshift.jobs.status import output_status
+from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
 from .durable import assert_exactly_once, generated_keys, report, run_cli, shard_positions

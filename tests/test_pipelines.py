@@ -266,9 +266,9 @@ def _wait_for_deployment(name: str, serve: subprocess.Popen, timeout: float = 12
 def test_the_live_projection_on_a_hand_computed_case():
     """20 of 100 records answered in the 20 s since the first answer, 30 s into the run:
     1 record/s, so 80 s left; cost = $2 x 2 GPUs x (30 + 80) s / 3600."""
-    from nightshift.jobs.progress import LiveProgress
-    from nightshift.jobs.report import RunTotals
     from nightshift.jobs.spec import CostSpec
+    from nightshift.reports.report import RunTotals
+    from nightshift.running.progress import LiveProgress
 
     clock = LiveProgress(CostSpec(gpus=2, usd_per_gpu_hour=2.0), show=False)
     clock.expect(100)
@@ -283,9 +283,9 @@ def test_the_live_projection_on_a_hand_computed_case():
 
 
 def test_the_tail_is_the_time_from_90_to_100_percent_answered():
-    from nightshift.jobs.progress import LiveProgress
     from nightshift.jobs.spec import CostSpec
-    from nightshift.jobs.workerstats import tail_seconds
+    from nightshift.running.progress import LiveProgress
+    from nightshift.running.workerstats import tail_seconds
 
     clock = LiveProgress(CostSpec(), show=False)
     clock.expect(10)

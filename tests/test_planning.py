@@ -14,8 +14,8 @@ import pytest
 
 from nightshift.engines.fake import FakeEngine
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.plan import build_plan
-from nightshift.jobs.runner import load_encoder, run_job
+from nightshift.pipelines.direct import run_job
+from nightshift.scheduling.plan import build_plan, load_encoder
 from nightshift.scheduling.prompts import PromptTemplate
 
 from .conftest import spec_dict, write_records

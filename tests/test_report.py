@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nightshift.engines.base import EngineStats
-from nightshift.jobs.report import RunTotals, Timings, build_report, prefill_share
 from nightshift.jobs.spec import CostSpec
+from nightshift.reports.report import RunTotals, Timings, build_report, prefill_share
 
 
 def make_report(stats: EngineStats, total_s: float = 3600.0) -> dict:

@@ -9,12 +9,12 @@ import re
 import pytest
 from matplotlib.image import imread
 
-from nightshift.jobs.report_chart import (
+from nightshift.reports.chart import (
     chart_png_bytes,
     throughput_over_time,
     write_chart,
 )
-from nightshift.jobs.report_page import (
+from nightshift.reports.page import (
     duration,
     report_markdown,
     report_table,

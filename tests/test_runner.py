@@ -11,7 +11,7 @@ import pytest
 from nightshift.engines.fake import FakeEngine
 from nightshift.errors import OutputExistsError
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.runner import run_job
+from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
 
@@ -154,7 +154,7 @@ def test_output_reads_in_pyarrow_and_duckdb(models, ticket_dir, tmp_path):
 
 
 def test_a_job_with_nothing_runnable_starts_no_engine(models, tmp_path, monkeypatch):
-    import nightshift.jobs.runner as runner
+    import nightshift.running.engines as runner
 
     def no_engine(spec):
         raise AssertionError("engine started for a job with nothing to run")

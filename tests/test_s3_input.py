@@ -11,7 +11,7 @@ import pytest
 
 from nightshift.engines.fake import FakeEngine
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.runner import run_job
+from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict
 

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.runner import run_job
+from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict
 
@@ -37,10 +37,10 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def engine(models, tmp_path_factory):
-    from nightshift.engines.vllm_engine import VllmEngine
+    from nightshift.running.engines import start_vllm
 
     spec = validate_spec(spec_dict(models["chat"], "unused", tmp_path_factory.mktemp("o")))
-    engine = VllmEngine.from_spec(spec)
+    engine = start_vllm(spec)
     yield engine
     engine.close()
 

@@ -9,6 +9,7 @@ import pytest
 from nightshift.engines import vllm_engine
 from nightshift.errors import EngineError
 from nightshift.jobs.loading import validate_spec
+from nightshift.running.engines import start_vllm
 
 from .conftest import spec_dict
 
@@ -29,7 +30,7 @@ def spec(tmp_path):
 def test_capable_hardware_gets_fp8(spec, monkeypatch):
     monkeypatch.setattr(vllm_engine, "fp8_kv_unsupported_reason", lambda: None)
     monkeypatch.setattr(vllm_engine, "_start_llm", lambda args: fake_llm(args["kv_cache_dtype"]))
-    engine = vllm_engine.VllmEngine.from_spec(spec)
+    engine = start_vllm(spec)
     assert engine.info.kv_cache_dtype == "fp8" and "kv_cache_fallback" not in engine.info.settings
 
 
@@ -44,7 +45,7 @@ def test_an_fp8_start_failure_retries_without_fp8_and_records_why(spec, monkeypa
 
     monkeypatch.setattr(vllm_engine, "fp8_kv_unsupported_reason", lambda: None)
     monkeypatch.setattr(vllm_engine, "_start_llm", start)
-    engine = vllm_engine.VllmEngine.from_spec(spec)
+    engine = start_vllm(spec)
     assert started == ["fp8", "auto"]
     assert engine.info.kv_cache_dtype == "auto"
     assert "kernel missing" in engine.info.settings["kv_cache_fallback"]
@@ -57,4 +58,4 @@ def test_a_failure_without_fp8_is_not_retried(spec, monkeypatch):
     monkeypatch.setattr(vllm_engine, "_start_llm", start)
     auto = validate_spec({**spec.model_dump(by_alias=True), "engine": {"kv_cache_dtype": "auto"}})
     with pytest.raises(EngineError, match="out of memory"):
-        vllm_engine.VllmEngine.from_spec(auto)
+        start_vllm(auto)

@@ -166,8 +166,8 @@ def test_a_worker_takes_over_a_shard_once_a_dead_workers_lease_expires(
     """A lease left by a worker that died blocks its shard only until it expires; a live
     worker (`nightshift jobs work`) then takes it over and finishes the job."""
     from nightshift.io.leases import ShardLeases
-    from nightshift.jobs.dryrun import plan_summary
     from nightshift.jobs.loading import validate_spec
+    from nightshift.scheduling.dryrun import plan_summary
 
     rows = tickets(60)
     write_records(tmp_path / "in" / "a.parquet", rows)

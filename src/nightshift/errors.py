@@ -89,3 +89,11 @@ class ObjectNotFound(StoreError):
 class LeaseLostError(NightshiftError):
     """Another worker took over this worker's shard (its lease expired): stop working on
     the shard; what was checkpointed stays, and the new holder continues from it."""
+
+
+class ShardsFailedError(NightshiftError):
+    """Some shards are still failed after all their attempts; rerun to retry them."""
+
+
+class ShardAttemptFailed(NightshiftError):
+    """The engine died under this shard; its checkpoints stay and a retry continues them."""

@@ -17,12 +17,25 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nightshift.errors import SpecError
-from nightshift.scheduling.prompts import Messages
 
 _SLOT = "\u2063nightshift-record\u2063"  # stands in for the record while rendering the frame
 _CACHE_TEXTS = 50_000  # distinct shared segments (documents, few-shot blocks) kept encoded
+
+
+class Messages(Protocol):
+    """A rendered prompt as chat messages (``scheduling.prompts.Messages`` is one)."""
+
+    system: str | None
+    user: str
+
+
+@dataclass(frozen=True)
+class _Chat:
+    system: str | None
+    user: str
 
 
 def model_source(name_or_path: str) -> str:
@@ -145,7 +158,7 @@ class PromptEncoder:
         from jinja2 import TemplateError
 
         try:
-            text = self.text(Messages(system, _SLOT))
+            text = self.text(_Chat(system, _SLOT))
         except TemplateError as exc:
             raise SpecError(
                 "prompt.system" if system else "model.path",

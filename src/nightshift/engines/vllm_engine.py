@@ -16,14 +16,10 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineError, EngineFatalError, SpecError
-
-if TYPE_CHECKING:
-    from nightshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +37,14 @@ _HISTOGRAM_SUMS = {
 }
 
 
-def engine_arguments(spec: JobSpec) -> dict[str, Any]:
-    """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
-    e, m = spec.engine, spec.model
-    args: dict[str, Any] = {
-        "model": model_source(m.path),
-        "tokenizer": model_source(m.tokenizer or m.path),
-        "max_model_len": m.max_model_len,
-        "dtype": m.dtype,
-        "trust_remote_code": m.trust_remote_code,
-        "kv_cache_dtype": e.kv_cache_dtype,
-        "enable_prefix_caching": e.enable_prefix_caching,
-        "max_num_seqs": e.max_num_seqs,
-        "max_num_batched_tokens": e.max_num_batched_tokens,
-        "gpu_memory_utilization": e.gpu_memory_utilization,
-        "tensor_parallel_size": e.tensor_parallel_size,
-        "disable_log_stats": False,  # get_metrics() needs the stat loggers
-        "seed": spec.sampling.seed if spec.sampling.seed is not None else 0,
-        # Compact guided JSON: whitespace between JSON tokens is output the user pays for,
-        # and a small model can otherwise spend its whole budget on it.
-        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-    }
-    if e.block_size is not None:
-        args["block_size"] = e.block_size
-    args.update(e.extra)
-    return args
-
-
-def check_engine_extra(spec: JobSpec) -> None:
+def check_engine_extra(extra: dict[str, Any]) -> None:
     """Refuse an ``engine.extra`` key vLLM does not know, before any planning or start-up."""
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs
 
     known = {f.name for f in dataclasses.fields(EngineArgs)}
-    for name in spec.engine.extra:
+    for name in extra:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see vLLM's engine arguments"
@@ -118,8 +87,8 @@ class VllmEngine:
         _wake_reader_when_engine_dies(llm, self._alive)
 
     @classmethod
-    def from_spec(cls, spec: JobSpec) -> VllmEngine:
-        """Start vLLM as the spec asks; without FP8 KV where this machine cannot hold it.
+    def start(cls, args: dict[str, Any], cpu_kv_cache_gib: int) -> VllmEngine:
+        """Start ``vllm.LLM(**args)``; without FP8 KV where this machine cannot hold it.
 
         The fallback is never silent: it is logged and kept in ``info.settings``, so it
         reaches every report.
@@ -129,8 +98,7 @@ class VllmEngine:
 
         if current_platform.is_cpu():
             # The CPU build sizes its KV cache from this variable, in whole GiB.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.engine.cpu_kv_cache_gib))
-        args = engine_arguments(spec)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
         requested = args["kv_cache_dtype"]
         reason = fp8_kv_unsupported_reason() if "fp8" in requested else None
         if reason is None:

@@ -1,1 +1,2 @@
-"""Reading input Parquet and writing results: everything that touches storage."""
+"""Everything that touches storage: object stores (local and S3), input discovery and
+streaming, the plan and shard stores, leases, the output directory."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
 from nightshift.errors import ObjectNotFound, StoreAccessError, StoreError
+from nightshift.io.keys import check_key, check_prefix
 
 # Local temp files start with this; list() skips them, so a crashed writer's leftovers
 # never look like objects. (Only this prefix: ".nightshift-staging/..." keys are listed.)
@@ -76,22 +77,6 @@ def __getattr__(name: str) -> object:
 
         return S3Store
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_key(key: str) -> str:
-    """A key is a relative "/" path without empty, "." or ".." parts."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"object key must be a non-empty string, got {key!r}")
-    if any(part in ("", ".", "..") for part in key.split("/")) or "\\" in key:
-        raise ValueError(f"bad object key {key!r}: use a relative a/b/c path")
-    return key
-
-
-def check_prefix(prefix: str) -> str:
-    """A listing prefix: "" or the start of a key (it may end with "/")."""
-    if prefix:
-        check_key(prefix.removesuffix("/"))
-    return prefix
 
 
 class LocalStore:

@@ -52,21 +52,6 @@ class JobOutput:
         except ObjectNotFound:
             return None
 
-    def write_report_files(self, report: dict[str, Any]) -> None:
-        """report.png (when there is a timeline), report.md, then report.json, which
-        names the other two (``report["chart"]``, ``report["report"]``)."""
-        from nightshift.jobs.report_chart import chart_png_bytes  # matplotlib: on use only
-        from nightshift.jobs.report_page import report_markdown
-
-        chart = chart_png_bytes(report)
-        if chart:
-            self.store.put_bytes(REPORT_CHART, chart)
-            report["chart"] = self.store.uri(REPORT_CHART)
-        report["report"] = self.store.uri(REPORT_FILE)
-        page = report_markdown(report, chart_name=REPORT_CHART if chart else None)
-        self.store.put_bytes(REPORT_PAGE, page.encode())
-        self.store.put_bytes(REPORT_FILE, (json.dumps(report, indent=2) + "\n").encode())
-
     def holds_a_run(self) -> bool:
         """Whether an earlier run (finished, partial, or from an older nightshift) is here."""
         return bool(

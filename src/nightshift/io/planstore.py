@@ -10,7 +10,7 @@ Layout (the output may be a local directory or an S3 prefix)::
                                          input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
 
-A later run that finds new records in the input adds an increment (``jobs.increments``):
+A later run that finds new records in the input adds an increment (``scheduling.increments``):
 its shards are numbered after the earlier ones, its keys go to
 ``plan/records-0001.parquet`` and ``rejects-0001.parquet``, and plan.json, rewritten
 last, adds up all increments.
@@ -30,10 +30,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from nightshift.errors import ObjectNotFound
@@ -42,8 +43,20 @@ from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.shardstore import shard_name
 
-if TYPE_CHECKING:
-    from nightshift.jobs.plan import Plan
+
+class Plan(Protocol):
+    """What the store needs of a plan (``scheduling.plan.Plan`` is one)."""
+
+    dataset: ds.FileSystemDataset  # the input files, in the order _file numbers them
+    columns: list[str]
+    records: pl.DataFrame  # _file, _row, position, shard, ...
+    rejects: pl.DataFrame  # _file, _row, reason, reject_kind, ...
+
+    @property
+    def input_schema(self) -> pa.Schema: ...
+
+    @property
+    def shards(self) -> list[int]: ...
 
 PLAN_DIR = "plan"
 MANIFEST = f"{PLAN_DIR}/plan.json"

@@ -43,7 +43,7 @@ from botocore.exceptions import (
 from s3transfer.manager import TransferManager
 
 from nightshift.errors import ObjectNotFound, StoreAccessError, StoreError
-from nightshift.io.objectstore import check_key, check_prefix
+from nightshift.io.keys import check_key, check_prefix
 
 # Total attempts per request, first included. Standard mode backs off exponentially with
 # jitter (up to 1, 2, 4... s, at most 20 s between two attempts).

@@ -1,1 +1,4 @@
-"""Jobs: the spec users write, planning a job, running it, and its report."""
+"""The job as users write and inspect it: the spec, YAML loading and ``--set``, the
+fingerprint of what results depend on, task handlers, ``status`` and ``export``.
+
+The earliest stage: it imports only ``io``, ``engines`` and ``capacity``."""

@@ -1,1 +1,2 @@
-"""Prefect flows and schedules: thin shells over jobs.runner. Only this package imports Prefect."""
+"""Prefect flows and schedules: thin shells over ``running`` and ``reports``. Only this
+package imports Prefect; ``direct`` runs the same steps without it."""

@@ -1,6 +1,6 @@
 """The run report as Prefect artifacts on the flow run: the markdown page and a table.
 
-The same page is written as ``report.md`` beside ``report.json`` (``jobs.runner``); here
+The same page is written as ``report.md`` beside ``report.json`` (``reports.files``); here
 it is published so the Prefect UI shows it on the flow run and under Artifacts, keyed
 by job so a nightly job's reports line up as one artifact's history.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from nightshift.jobs.report_page import report_markdown, report_table
+from nightshift.reports.page import report_markdown, report_table
 
 
 def artifact_key(job: str, kind: str) -> str:

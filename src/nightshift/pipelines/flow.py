@@ -2,7 +2,7 @@
 
 ``nightshift jobs run SPEC`` calls this flow in-process; ``nightshift schedule serve``
 and ``deploy`` run it on a schedule. The tasks are thin: each calls one step of
-``jobs.runner`` (``start_run``, ``ShardRunner.run``, ``finish_run``), so a run with and
+``running`` and ``reports`` (``start_run``, ``ShardRunner.run``, ``finish_run``), so a run with and
 without Prefect is the same run.
 
 - Shards are mapped, never records (about 8 ms of Prefect overhead per task).
@@ -25,26 +25,16 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from nightshift.engines import check_engine_spec
-from nightshift.errors import NightshiftError
+from nightshift.errors import ShardAttemptFailed, ShardsFailedError
 from nightshift.jobs.loading import load_spec
-from nightshift.jobs.runner import (
-    EnginePool,
-    JobRun,
-    ShardsFailedError,
-    finish_run,
-    raise_if_failed,
-    start_run,
-)
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.slots import gpu_slot
+from nightshift.reports.assemble import finish_run
+from nightshift.running.engines import EnginePool, check_engine_spec
+from nightshift.running.runner import JobRun, raise_if_failed, start_run
 
 FLOW_NAME = "nightshift-job"
-
-
-class ShardAttemptFailed(NightshiftError):
-    """The engine died under this shard; its checkpoints stay and a retry continues them."""
 
 
 def _only_engine_deaths(task, task_run, state) -> bool:
@@ -152,8 +142,8 @@ def _run_workers(
     spec: JobSpec, job: JobRun, engines: EnginePool, spec_path: str, overrides: list[str], n: int
 ) -> None:
     """Run the shards in ``n`` local worker processes; take their figures for the report."""
-    from nightshift.jobs.workerstats import absorb_worker_figures, read_worker_figures
     from nightshift.pipelines.launch import local_workers_task
+    from nightshift.running.workerstats import absorb_worker_figures, read_worker_figures
 
     if job.output.location != spec.output.path:  # --new-run: the workers write there too
         overrides = [*overrides, f"output.path={job.output.location}"]

@@ -11,7 +11,7 @@
 
 Each deployment runs its job at most once at a time: a night that starts while the last
 is still running waits for it (``collision_strategy=ENQUEUE``). Runs are incremental
-(``jobs.increments``): each night generates only records new since the last.
+(``scheduling.increments``): each night generates only records new since the last.
 """
 
 from __future__ import annotations

@@ -24,14 +24,14 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from nightshift.engines import check_engine_spec
-from nightshift.errors import LeaseLostError
+from nightshift.errors import LeaseLostError, ShardAttemptFailed
 from nightshift.io.leases import Lease, LeaseKeeper, ShardLeases
 from nightshift.jobs.loading import load_spec
-from nightshift.jobs.runner import EnginePool, JobRun, start_run
-from nightshift.jobs.workerstats import write_worker_figures
-from nightshift.pipelines.flow import ShardAttemptFailed, running_job_name, shard_task_for
+from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
+from nightshift.running.engines import EnginePool, check_engine_spec
+from nightshift.running.runner import JobRun, start_run
+from nightshift.running.workerstats import write_worker_figures
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 2.0  # how often a worker with nothing to claim looks again

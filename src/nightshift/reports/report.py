@@ -15,48 +15,18 @@ Cost model (stated in the README and in every report):
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineStats
 from nightshift.jobs.spec import CostSpec
+from nightshift.running.totals import RunTotals
 
 COST_FORMULA = (
     "usd_total = usd_per_gpu_hour x gpus x wall_hours (planning and start-up included); "
     "per million tokens = share of usd_total / tokens x 1e6, split between input and output "
     "by the engine's prefill and decode seconds"
 )
-
-
-@dataclass
-class RunTotals:
-    """What a run counted, filled in as it goes."""
-
-    input_records: int = 0
-    ok: int = 0
-    rejected: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    prompt_tokens_cached: int = 0
-    output_tokens: int = 0
-    finish_reasons: Counter = field(default_factory=Counter)
-
-    def count(self, row: dict, ok: bool) -> None:
-        """Count one answered (or failed) record from its output row."""
-        if ok:
-            self.ok += 1
-        else:
-            self.failed += 1
-        self.prompt_tokens += row.get("prompt_tokens") or 0
-        self.prompt_tokens_cached += row.get("cached_tokens") or 0
-        self.output_tokens += row.get("output_tokens") or 0
-        if row.get("finish_reason"):
-            self.finish_reasons[row["finish_reason"]] += 1
-
-    @property
-    def all_tokens(self) -> int:
-        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass(frozen=True)

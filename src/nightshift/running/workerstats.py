@@ -19,10 +19,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from nightshift.engines.base import EngineInfo, EngineStats
-from nightshift.jobs.report import RunTotals
+from nightshift.running.totals import RunTotals
 
 if TYPE_CHECKING:
-    from nightshift.jobs.runner import EnginePool, JobRun
+    from nightshift.running.engines import EnginePool
+    from nightshift.running.runner import JobRun
 
 WORKERS_DIR = "_work/workers"
 

@@ -61,8 +61,8 @@ def run(
     continue) and to add records new in the input. Reports to PREFECT_API_URL when set,
     else to a temporary local Prefect server."""
     from nightshift.jobs.loading import load_spec
-    from nightshift.jobs.report import summary_lines
     from nightshift.pipelines.local import run_flow_once
+    from nightshift.reports.report import summary_lines
 
     if overwrite and new_run:
         raise typer.BadParameter("--overwrite and --new-run exclude each other")
@@ -141,8 +141,8 @@ def plan(
     """Dry run, no engine: records, prompt tokens, over-length records, shards, predicted
     prefix reuse in planned and input order, projected cost; with --gpu, predicted
     throughput, time, cost and the binding limit."""
-    from nightshift.jobs.dryrun import plan_summary, summary_text
     from nightshift.jobs.loading import load_spec
+    from nightshift.scheduling.dryrun import plan_summary, summary_text
 
     capacity = {"gpu": gpu, "gpus": gpus, "output_tokens": output_tokens} if gpu else None
     job = load_spec(spec, overrides)

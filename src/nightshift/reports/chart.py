@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
-from nightshift.jobs.report_page import has_chart
+from nightshift.reports.page import has_chart
 
 # Pixel size is fixed (no tight bounding box) so every report's chart has the same shape.
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 9.0, 100

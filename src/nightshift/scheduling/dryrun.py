@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightshift.capacity.jobplan import capacity_text, predict_plan, prepare
 from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
-from nightshift.jobs.plan import build_plan, describe
-from nightshift.jobs.runner import load_encoder
 from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
+from nightshift.scheduling.plan import build_plan, describe, load_encoder
 
 
 def _measured_throughput(spec: JobSpec) -> float | None:

@@ -16,8 +16,8 @@ import pyarrow as pa
 from nightshift.engines.base import EngineRequest
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.planstore import PlanStore
-from nightshift.jobs.prefetch import Prefetch
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.prefetch import Prefetch
 from nightshift.scheduling.prompts import PromptTemplate
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine

@@ -23,8 +23,8 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import InputError
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.planstore import REJECTS, PlanStore, increment_files, input_schema
-from nightshift.jobs.plan import build_plan, describe, open_job_input
 from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.plan import build_plan, describe, open_job_input
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import typer
 
+from nightshift.cli.jobs import jobs_app
+from nightshift.cli.schedule import schedule_app
 from nightshift.demo.cli import demo_app
-from nightshift.jobs.cli import jobs_app
-from nightshift.pipelines.cli import schedule_app
 
 app = typer.Typer(
     help="Offline bulk LLM generation over Parquet.",

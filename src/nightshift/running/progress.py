@@ -4,7 +4,7 @@ projection, the timeline of answered records, and each shard's start and finish.
 The projection assumes the rest of the job runs at the rate measured since the first
 answer (engine start-up excluded): finish time = now + records left / records per
 second, and cost = price x gpus x (time so far + time left), the same formula the report
-uses (``jobs.report``).
+uses (``reports.report``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from nightshift.jobs.report import RunTotals
 from nightshift.jobs.spec import CostSpec
+from nightshift.running.totals import RunTotals
 
 SAMPLE_SECONDS = 2.0  # one timeline point (and one postfix refresh) every this often
 TAIL_SHARE = 0.9  # the tail: from this share of the run's records answered to all

@@ -26,10 +26,10 @@ from nightshift.io.inputs import (
     file_batches,
     open_input,
 )
-from nightshift.jobs.kvcache import block_size, kv_cache_tokens
-from nightshift.jobs.measure import RecordMeasurer
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
+from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.order import cut_shards, level_names, order_records
 from nightshift.scheduling.reuse import predicted_cached, reuse_share
 
@@ -210,3 +210,9 @@ def describe(plan: Plan, spec: JobSpec) -> dict[str, Any]:
         },
         "prefix_reuse": plan.prefix_reuse,
     }
+
+
+def load_encoder(spec: JobSpec) -> PromptEncoder:
+    key = "model.tokenizer" if spec.model.tokenizer else "model.path"
+    source = spec.model.tokenizer or spec.model.path
+    return PromptEncoder.load(source, spec.model.trust_remote_code, key)

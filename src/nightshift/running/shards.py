@@ -28,12 +28,12 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import EngineFatalError, JobAbortedError, LeaseLostError
 from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile
-from nightshift.jobs.feed import RequestFeed
-from nightshift.jobs.progress import LiveProgress
-from nightshift.jobs.report import RunTotals
-from nightshift.jobs.results import ResultTables
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.running.feed import RequestFeed
+from nightshift.running.progress import LiveProgress
+from nightshift.running.results import ResultTables
+from nightshift.running.totals import RunTotals
 
 log = logging.getLogger(__name__)
 FAIL_FAST_RECORDS = 50

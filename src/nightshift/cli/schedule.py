@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from nightshift.jobs.cli import user_errors
+from nightshift.cli.jobs import user_errors
 
 schedule_app = typer.Typer(
     help="Run job specs on their cron schedules (nightly), through Prefect.",

@@ -1,0 +1,5 @@
+"""``python -m nightshift.cli``: the same command as ``nightshift``."""
+
+from nightshift.cli import app
+
+app()

@@ -1,0 +1,35 @@
+"""A job run in this process without Prefect: the same steps the flow's tasks call
+(``running.runner.start_run``, ``ShardRunner.run``, ``reports.assemble.finish_run``).
+Tests and benchmarks use it to run a job on an engine they already hold."""
+
+from __future__ import annotations
+
+from nightshift.engines.base import Engine
+from nightshift.jobs.spec import JobSpec
+from nightshift.reports.assemble import RunOutcome, finish_run
+from nightshift.running.engines import EnginePool, check_engine_spec
+from nightshift.running.runner import raise_if_failed, start_run
+
+
+def run_job(
+    spec: JobSpec,
+    *,
+    overwrite: bool = False,
+    new_run: bool = False,
+    engine: Engine | None = None,
+    progress: bool = True,
+) -> RunOutcome:
+    """Run ``spec`` in this process, without Prefect, resuming a run of the same spec in
+    its output. Pass ``engine`` to use a running engine (its start-up is not billed);
+    engines built here are rebuilt after a crash."""
+    if engine is None:
+        check_engine_spec(spec)
+    job = start_run(spec, overwrite=overwrite, new_run=new_run, progress=progress)
+    engines = EnginePool(spec, engine)
+    try:
+        job.runner.run(job.todo, engines)
+    finally:
+        engines.close()
+    outcome = finish_run(job, engines)
+    raise_if_failed(job)
+    return outcome

@@ -1,0 +1,66 @@
+"""report.json for one run: this run's figures and the whole output's counts, assembled
+after the engines are closed, then written with report.md and report.png."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nightshift.reports.files import write_report_files
+from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
+from nightshift.running.engines import EnginePool
+from nightshift.running.runner import JobRun
+from nightshift.running.workerstats import tail_seconds
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    report: dict[str, Any]
+    location: str
+
+
+def finish_run(job: JobRun, engines: EnginePool) -> RunOutcome:
+    """Write the report, after the engines are closed (they add their counters)."""
+    runner = job.runner
+    job.progress.close(runner.totals)
+    finished = job.progress.now()
+    times = Timings(
+        total=finished,
+        plan=job.planned_s,
+        engine_startup=engines.startup_s,
+        generate=finished - job.planned_s - engines.startup_s,
+    )
+    return RunOutcome(_report(job, engines, times), job.output.location)
+
+
+def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
+    """This run's figures, the whole output's counts from the commit markers, written
+    after the stale files of dead or losing attempts are deleted."""
+    spec, output, runner, manifest = job.spec, job.output, job.runner, job.manifest
+    markers = output.shards.committed()
+    report = build_report(spec.name, runner.totals, times, engines.stats, engines.info, spec.cost)
+    report.update(output_section(manifest, markers, runner.failures))
+    report["this_run"] = {
+        "attempt": runner.attempt,
+        "shards_committed": sorted(runner.committed),
+        "records_answered": runner.totals.ok + runner.totals.failed,
+        "tokens": {
+            "prompt": runner.totals.prompt_tokens,
+            "prompt_cached": runner.totals.prompt_tokens_cached,
+            "output": runner.totals.output_tokens,
+        },
+        "engine_starts": engines.starts,
+    }
+    report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
+    report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
+    report["timeline"] = job.progress.timeline()
+    report["shard_times"] = job.progress.shard_table()
+    tail = job.progress.tail_s()
+    report["tail_s"] = tail if tail is not None else tail_seconds(report["timeline"]["samples"])
+    # The settings that produced these rows travel with them (temperature 0 is not enough
+    # to reproduce a run: batch composition changes results too).
+    report["spec"] = spec.model_dump(mode="json", by_alias=True)
+    report["output"] = output.location
+    output.shards.delete_unnamed(markers)
+    write_report_files(output, report)
+    return report

@@ -1,0 +1,124 @@
+"""The engine a spec asks for, and the run's pool of it: started on first use, kept warm
+across shards, rebuilt after a crash. The only place that maps the spec to an engine."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nightshift.engines.base import Engine, EngineInfo, EngineStats
+from nightshift.engines.tokenizer import model_source
+from nightshift.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from nightshift.engines.vllm_engine import VllmEngine
+
+
+def check_engine_spec(spec: JobSpec) -> None:
+    """Checks that need the engine's own package, run before planning so mistakes show early."""
+    if spec.run.engine == "vllm":
+        from nightshift.engines.vllm_engine import check_engine_extra
+
+        check_engine_extra(spec.engine.extra)
+
+
+def engine_arguments(spec: JobSpec) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
+    e, m = spec.engine, spec.model
+    args: dict[str, Any] = {
+        "model": model_source(m.path),
+        "tokenizer": model_source(m.tokenizer or m.path),
+        "max_model_len": m.max_model_len,
+        "dtype": m.dtype,
+        "trust_remote_code": m.trust_remote_code,
+        "kv_cache_dtype": e.kv_cache_dtype,
+        "enable_prefix_caching": e.enable_prefix_caching,
+        "max_num_seqs": e.max_num_seqs,
+        "max_num_batched_tokens": e.max_num_batched_tokens,
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+        "tensor_parallel_size": e.tensor_parallel_size,
+        "disable_log_stats": False,  # get_metrics() needs the stat loggers
+        "seed": spec.sampling.seed if spec.sampling.seed is not None else 0,
+        # Compact guided JSON: whitespace between JSON tokens is output the user pays for,
+        # and a small model can otherwise spend its whole budget on it.
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+    }
+    if e.block_size is not None:
+        args["block_size"] = e.block_size
+    args.update(e.extra)
+    return args
+
+
+def start_vllm(spec: JobSpec) -> VllmEngine:
+    """A vLLM engine with the very arguments (and fallbacks) a job of ``spec`` gets."""
+    from nightshift.engines.vllm_engine import VllmEngine
+
+    return VllmEngine.start(engine_arguments(spec), spec.engine.cpu_kv_cache_gib)
+
+
+def _fake(spec: JobSpec) -> Engine:
+    from nightshift.engines.fake import FakeEngine
+
+    return FakeEngine.from_environment(block_size=spec.engine.block_size or 16)
+
+
+ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _fake}
+
+
+def build_engine(spec: JobSpec) -> Engine:
+    return ENGINES[spec.run.engine](spec)
+
+
+@dataclass
+class EnginePool:
+    """The run's engine: the caller's, or one built from the spec on first use (a run
+    with nothing left to generate starts none), kept warm across shards, and built
+    afresh after a crash. Adds up start-up time and the engines' own counters."""
+
+    spec: JobSpec
+    given: Engine | None = None
+    startup_s: float = 0.0
+    starts: int = 0
+    stats: EngineStats = field(default_factory=EngineStats)
+    info: EngineInfo | None = None
+    _engine: Engine | None = None
+    _before: EngineStats = field(default_factory=EngineStats)
+
+    def acquire(self) -> Engine:
+        if self._engine is not None:
+            return self._engine
+        if self.given is not None:
+            self._before, self._engine = self.given.stats(), self.given
+            return self.given
+        began = time.perf_counter()
+        self._engine = build_engine(self.spec)
+        self.startup_s += time.perf_counter() - began
+        self.starts += 1
+        self._before = EngineStats()
+        return self._engine
+
+    def discard(self, engine: Engine) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Count the engine's work and shut it down (the caller's engine stays up)."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        self.info = engine.info
+        # A dead engine may not answer at all; the results' own counts remain.
+        with contextlib.suppress(Exception):
+            self.stats = _add(self.stats, _delta(engine.stats(), self._before))
+        if engine is not self.given:
+            engine.close()
+
+
+def _delta(after: EngineStats, before: EngineStats) -> EngineStats:
+    return EngineStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})
+
+
+def _add(a: EngineStats, b: EngineStats) -> EngineStats:
+    return EngineStats(**{k: v + getattr(b, k) for k, v in vars(a).items()})

@@ -1,0 +1,114 @@
+"""The run stage's start: plan the job (or take up its plan), list the shards left.
+
+A rerun of the same spec into the same output resumes: the plan written by the first
+run is reused without reading the input again, committed shards are skipped, and a
+partly done shard continues after its last checkpoint. A rerun of a different spec is
+refused (see ``jobs.fingerprint``). The steps that follow are ``ShardRunner.run``
+(``running.shards``) and ``reports.assemble.finish_run``; ``pipelines`` composes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nightshift.errors import OutputExistsError, ShardsFailedError
+from nightshift.io.outputs import JobOutput, new_run_location
+from nightshift.jobs.fingerprint import changed_keys, plan_stamp
+from nightshift.jobs.spec import JobSpec
+from nightshift.running.progress import LiveProgress
+from nightshift.running.shards import ShardRunner
+from nightshift.scheduling.increments import add_new_records
+from nightshift.scheduling.plan import build_plan, describe, load_encoder
+
+
+@dataclass
+class JobRun:
+    """One invocation of a job on one output, between planning and the report: what the
+    steps (``start_run``, the shard runner, ``finish_run``) hand each other. The CLI's
+    Prefect flow (``pipelines.flow``) calls the same steps as tasks."""
+
+    spec: JobSpec
+    output: JobOutput
+    manifest: dict[str, Any]
+    runner: ShardRunner
+    todo: list[int]
+    progress: LiveProgress
+    planned_s: float
+
+
+def start_run(
+    spec: JobSpec,
+    *,
+    overwrite: bool = False,
+    new_run: bool = False,
+    progress: bool = True,
+    retry_in_place: bool = True,
+    as_worker: bool = False,
+) -> JobRun:
+    """Plan the job, or take up the plan of an earlier run of it (adding an increment
+    for records new since, see ``scheduling.increments``); list the shards left to run.
+    ``as_worker``: one of several workers; it takes up the plan as it is (the
+    coordinator planned it) and never plans."""
+    clock = LiveProgress(spec.cost, show=progress)
+    output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
+    stamp = plan_stamp(spec)  # hashes the model's files: once per run
+    manifest = _resumable_plan(output, stamp, overwrite)
+    if as_worker and manifest is None:
+        raise OutputExistsError(
+            f"output.path: {output.location} has no plan for a worker to take up; "
+            "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
+        )
+    encoder = load_encoder(spec)
+    if manifest is None:
+        plan = build_plan(spec, encoder, progress)
+        output.plans.write(plan, {**describe(plan, spec), **stamp})  # before generation
+        manifest = output.plans.manifest()
+    elif spec.run.incremental and not as_worker:
+        manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
+    committed = output.shards.committed()
+    todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
+    runner = ShardRunner(
+        spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
+    )
+    clock.expect(runner.records_left(todo))
+    return JobRun(spec, output, manifest, runner, todo, clock, clock.now())
+
+
+def raise_if_failed(job: JobRun) -> None:
+    """Raise ``ShardsFailedError`` naming the shards still failed after all attempts."""
+    failures = job.runner.failures
+    if failures:
+        names = ", ".join(f"shard {s} ({e})" for s, e in sorted(failures.items()))
+        raise ShardsFailedError(
+            f"{len(failures)} shard(s) still failed after {job.spec.run.shard_attempts} "
+            f"attempts: {names}; rerun the same command to retry them"
+        )
+
+
+def _resumable_plan(
+    output: JobOutput, stamp: dict[str, Any], overwrite: bool
+) -> dict[str, Any] | None:
+    """The plan of an earlier run of the same job here, to resume; None to plan afresh.
+    Refuses an output that holds a different job's run."""
+    if overwrite:
+        output.clear()
+        return None
+    manifest = output.plans.manifest()
+    if manifest is None:
+        if output.holds_a_run():
+            raise OutputExistsError(
+                f"output.path: {output.location} holds a run nightshift cannot resume (no "
+                "plan.json); pass --overwrite to replace it or --new-run to start beside it"
+            )
+        return None
+    if manifest.get("fingerprint") != stamp["fingerprint"]:
+        changed = changed_keys(manifest.get("fingerprint_inputs", {}), stamp["fingerprint_inputs"])
+        raise OutputExistsError(
+            f"output.path: {output.location} holds a run of a different job "
+            f"({', '.join(changed)} changed); run the spec it was made with to resume it, "
+            "pass --new-run to start a fresh run beside it, or --overwrite to replace it"
+        )
+    return manifest
+
+
