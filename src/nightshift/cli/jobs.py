@@ -51,7 +51,9 @@ def run(
         False, "--new-run", help="Start a fresh run in OUTPUT-runN beside output.path."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs too."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show the engine's and Prefect's own output too."
+    ),
     workers: int = typer.Option(
         1, "--workers", min=1, help="Run the shards in N worker processes, one engine each."
     ),
@@ -79,6 +81,8 @@ def run(
     for line in summary_lines(report, report["output"]):
         typer.echo(line)
     typer.echo(f"report: {report['report']} (and report.md beside it)")
+    if report.get("engine_log"):
+        typer.echo(f"engine log: {report['engine_log']} (the engine's own output; -v shows it)")
 
 
 @jobs_app.command("work")

@@ -4,11 +4,13 @@ Tests and benchmarks use it to run a job on an engine they already hold."""
 
 from __future__ import annotations
 
+import time
+
 from nightshift.engines.base import Engine
 from nightshift.jobs.spec import JobSpec
 from nightshift.reports.assemble import RunOutcome, finish_run
 from nightshift.running.engines import EnginePool, check_engine_spec
-from nightshift.running.runner import raise_if_failed, start_run
+from nightshift.running.runner import raise_if_failed, start_run, work_may_be_left
 
 
 def run_job(
@@ -22,11 +24,15 @@ def run_job(
     """Run ``spec`` in this process, without Prefect, resuming a run of the same spec in
     its output. Pass ``engine`` to use a running engine (its start-up is not billed);
     engines built here are rebuilt after a crash."""
-    if engine is None:
-        check_engine_spec(spec)
-    job = start_run(spec, overwrite=overwrite, new_run=new_run, progress=progress)
-    engines = EnginePool(spec, engine)
+    began, engines = time.perf_counter(), EnginePool(spec, engine)
     try:
+        if engine is None:
+            if work_may_be_left(spec, overwrite, new_run):
+                engines.start_early()  # start-up (and importing vLLM) overlaps planning
+            check_engine_spec(spec)
+        job = start_run(
+            spec, overwrite=overwrite, new_run=new_run, progress=progress, started=began
+        )
         job.runner.run(job.todo, engines)
     finally:
         engines.close()

@@ -17,6 +17,8 @@ without Prefect is the same run.
 
 from __future__ import annotations
 
+import time
+from contextlib import ExitStack
 from datetime import datetime
 from typing import Any
 
@@ -29,10 +31,10 @@ from nightshift.errors import ShardAttemptFailed, ShardsFailedError
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
-from nightshift.pipelines.slots import gpu_slot
+from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
 from nightshift.reports.assemble import finish_run
 from nightshift.running.engines import EnginePool, check_engine_spec
-from nightshift.running.runner import JobRun, raise_if_failed, start_run
+from nightshift.running.runner import JobRun, raise_if_failed, start_run, work_may_be_left
 
 FLOW_NAME = "nightshift-job"
 
@@ -50,10 +52,17 @@ def _only_engine_deaths(task, task_run, state) -> bool:
 
 
 @task(name="plan", task_run_name="plan", cache_policy=NONE)
-def plan_task(spec: JobSpec, overwrite: bool, new_run: bool, progress: bool) -> JobRun:
+def plan_task(
+    spec: JobSpec, overwrite: bool, new_run: bool, progress: bool, started: float
+) -> JobRun:
     """Plan the job (or take up its plan, adding new records); list the shards left."""
     return start_run(
-        spec, overwrite=overwrite, new_run=new_run, progress=progress, retry_in_place=False
+        spec,
+        overwrite=overwrite,
+        new_run=new_run,
+        progress=progress,
+        retry_in_place=False,
+        started=started,
     )
 
 
@@ -115,19 +124,27 @@ def job_flow(
     """Run one nightshift job spec: plan, shards, report. Resumes and adds new records
     when rerun into the same output. ``workers`` > 1 runs the shards in that many
     worker processes on this machine, one engine each (``pipelines.workers``)."""
+    began = time.perf_counter()  # the run's clock: engine start-up may begin before planning
     spec = load_spec(spec_path, overrides)
-    check_engine_spec(spec)
-    job = plan_task(spec, overwrite, new_run, progress and workers == 1)
     engines = EnginePool(spec)
     try:
-        if job.todo and workers > 1:
-            _run_workers(spec, job, engines, spec_path, overrides or [], workers)
-        elif job.todo:
-            with gpu_slot(spec):
+        with ExitStack() as gpu:
+            early = workers == 1 and work_may_be_left(spec, overwrite, new_run)
+            if early and try_gpu_slot(gpu, spec):
+                engines.start_early()  # its start-up runs while the plan is built
+            else:
+                early = False
+            check_engine_spec(spec)
+            job = plan_task(spec, overwrite, new_run, progress and workers == 1, began)
+            if job.todo and workers > 1:
+                _run_workers(spec, job, engines, spec_path, overrides or [], workers)
+            elif job.todo:
+                if not early:
+                    gpu.enter_context(gpu_slot(spec))
                 _run_shards(spec, job, engines)
-                engines.close()  # free the GPU before its slot
+            engines.close()  # free the GPU before its slot
     finally:
-        engines.close()
+        engines.close()  # a failed plan: the engine that was starting is shut down
     report = report_task(job, engines)
     raise_if_failed(job)
     if not report["shards"]["complete"]:  # every worker died, or gave the rest up

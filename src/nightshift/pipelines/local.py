@@ -9,10 +9,15 @@ everything Prefect logs still reaches the server (the UI's flow-run page). Pass
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import sys
+from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from nightshift.console import ScreenHandler, engine_output_to
+from nightshift.jobs.loading import load_spec
 
 # Applied before Prefect is imported (its settings are read then).
 _QUIET_PREFECT = {
@@ -36,28 +41,48 @@ def run_flow_once(
     verbose: bool = False,
     workers: int = 1,
 ) -> dict[str, Any]:
-    """Run the job flow in this process and return its report."""
+    """Run the job flow in this process and return its report. Unless ``verbose``, the
+    engine's own output goes to a log file (``report["engine_log"]``), not the screen."""
     prefect_defaults(quiet=not verbose)
-    from nightshift.pipelines.flow import job_flow  # imports Prefect
+    log = None if verbose else engine_log_path(load_spec(spec_path, overrides).output.path)
+    with engine_output_to(log) if log else contextlib.nullcontext():
+        from nightshift.pipelines.flow import job_flow  # imports Prefect (and its noise)
 
-    _show_nightshift_warnings()
-    return job_flow(
-        spec_path=str(spec_path),
-        overrides=list(overrides or []),
-        overwrite=overwrite,
-        new_run=new_run,
-        progress=progress,
-        workers=workers,
-    )
+        _show_nightshift_warnings()
+        report = job_flow(
+            spec_path=str(spec_path),
+            overrides=list(overrides or []),
+            overwrite=overwrite,
+            new_run=new_run,
+            progress=progress,
+            workers=workers,
+        )
+    if log:
+        report["engine_log"] = str(log)
+    return report
+
+
+def engine_log_path(output: str, name: str = "engine") -> Path:
+    """Where a run keeps what the engine printed: beside a local output
+    (``OUTPUT.logs/``), or under ``.nightshift/logs/`` here for an S3 output."""
+    stamp = f"{name}-{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.log"
+    if output.startswith("s3://"):
+        return Path(".nightshift", "logs", output.removeprefix("s3://").replace("/", "_"), stamp)
+    return Path(f"{Path(output).expanduser().as_posix().rstrip('/')}.logs", stamp)
 
 
 def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict[str, Any]:
     """Run one worker flow in this process (``nightshift jobs work``)."""
     prefect_defaults(quiet=True)
-    from nightshift.pipelines.workers import worker_flow  # imports Prefect
+    log = engine_log_path(load_spec(spec_path, overrides).output.path, worker)
+    with engine_output_to(log):
+        from nightshift.pipelines.workers import worker_flow  # imports Prefect
 
-    _show_nightshift_warnings()
-    return worker_flow(spec_path=str(spec_path), worker=worker, overrides=list(overrides or []))
+        _show_nightshift_warnings()
+        done = worker_flow(
+            spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])
+        )
+    return {**done, "engine_log": str(log)}
 
 
 def prefect_defaults(quiet: bool) -> None:
@@ -73,7 +98,7 @@ def _show_nightshift_warnings() -> None:
     with Prefect's console handler turned down."""
     logger = logging.getLogger("nightshift")
     if not any(getattr(h, "_nightshift", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = ScreenHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
         handler.setLevel(logging.WARNING)
         handler._nightshift = True  # type: ignore[attr-defined]

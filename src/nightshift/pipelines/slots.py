@@ -77,6 +77,20 @@ def gpu_slot(spec: JobSpec) -> Iterator[None]:
         yield
 
 
+def try_gpu_slot(stack: ExitStack, spec: JobSpec) -> bool:
+    """Take this job's GPU slots into ``stack`` if they are free now; False if another
+    job holds them (the caller plans first, then waits with ``gpu_slot``)."""
+    if not gpus_on_host() and not os.environ.get("NIGHTSHIFT_GPU_LIMIT"):
+        return True
+    name, occupy = limit_name(), spec.engine.tensor_parallel_size
+    ensure_limit(name, max(gpus_on_host(), occupy, 1))
+    try:
+        stack.enter_context(_slot(name, occupy, timeout_seconds=1))
+    except TimeoutError:
+        return False
+    return True
+
+
 def _slot(name: str, occupy: int, timeout_seconds: float | None = None):
     return concurrency(
         name,

@@ -24,13 +24,29 @@ def finish_run(job: JobRun, engines: EnginePool) -> RunOutcome:
     runner = job.runner
     job.progress.close(runner.totals)
     finished = job.progress.now()
+    startup, overlap = engines.startup_s, 0.0  # workers' start-ups come as seconds only
+    if engines.spans:
+        startup, overlap = startup_seconds(engines.spans, job.progress.started, job.planned_s)
     times = Timings(
         total=finished,
         plan=job.planned_s,
-        engine_startup=engines.startup_s,
-        generate=finished - job.planned_s - engines.startup_s,
+        engine_startup=startup,
+        generate=max(0.0, finished - job.planned_s - startup + overlap),
+        overlap=overlap,
     )
     return RunOutcome(_report(job, engines, times), job.output.location)
+
+
+def startup_seconds(
+    spans: list[tuple[float, float]], clock_start: float, planned_s: float
+) -> tuple[float, float]:
+    """Engine start-up seconds within this run's clock, and how many of them ran while
+    the plan was being built (from ``clock_start`` to ``planned_s`` after it)."""
+    clipped = [(max(b, clock_start), max(e, clock_start)) for b, e in spans]
+    plan_end = clock_start + planned_s
+    startup = sum(e - b for b, e in clipped)
+    overlap = sum(max(0.0, min(e, plan_end) - b) for b, e in clipped)
+    return startup, overlap
 
 
 def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:

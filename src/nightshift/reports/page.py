@@ -154,10 +154,16 @@ def time_section(report: dict[str, Any]) -> Section:
     parts = [("planning", s["plan"]), ("engine start-up", s["engine_startup"])]
     parts.append(("generation", s["generate"]))
     shares = ", ".join(f"{name} {percent(_ratio(secs, s['total']))}" for name, secs in parts)
-    section = Section("Time", f"This run's wall time ({duration(s['total'])}); of it: {shares}.")
+    overlap = s.get("startup_during_plan", 0.0)
+    text = f"This run's wall time ({duration(s['total'])}); of it: {shares}."
+    if overlap:
+        text += f" The engine started while the plan was built: {overlap:,.1f} s ran at once."
+    section = Section("Time", text)
     section.add("wall time", f"{s['total']:,.1f}", "s")
     for name, seconds in parts:
         section.add(name, f"{seconds:,.1f}", "s")
+    if overlap:
+        section.add("start-up during planning", f"{overlap:,.1f}", "s")
     return section
 
 

@@ -35,6 +35,7 @@ class Timings:
     plan: float
     engine_startup: float
     generate: float
+    overlap: float = 0.0  # engine start-up seconds that ran while the plan was built
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -108,6 +109,7 @@ def build_report(
             "plan": times.plan,
             "engine_startup": times.engine_startup,
             "generate": times.generate,
+            "startup_during_plan": times.overlap,
         },
         "throughput": {
             "output_tokens_per_s": _ratio(totals.output_tokens, times.generate),

@@ -4,6 +4,7 @@ across shards, rebuilt after a crash. The only place that maps the spec to an en
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,11 +73,41 @@ def build_engine(spec: JobSpec) -> Engine:
     return ENGINES[spec.run.engine](spec)
 
 
+class EngineStart:
+    """One engine being built in a background thread: started while the plan is built,
+    so a GPU engine's minutes of start-up overlap planning instead of following it."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.engine: Engine | None = None
+        self.error: BaseException | None = None
+        self.began = time.perf_counter()
+        self.ended: float | None = None
+        self._thread = threading.Thread(target=self._build, name="nightshift-engine-start")
+        self._thread.start()
+
+    def _build(self) -> None:
+        try:
+            self.engine = build_engine(self.spec)
+        except BaseException as exc:  # handed to whoever waits for the engine
+            self.error = exc
+        finally:
+            self.ended = time.perf_counter()
+
+    def wait(self) -> Engine:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.engine is not None
+        return self.engine
+
+
 @dataclass
 class EnginePool:
     """The run's engine: the caller's, or one built from the spec on first use (a run
-    with nothing left to generate starts none), kept warm across shards, and built
-    afresh after a crash. Adds up start-up time and the engines' own counters."""
+    with nothing left to generate starts none) or started early (``start_early``), kept
+    warm across shards, and built afresh after a crash. Adds up start-up time and the
+    engines' own counters; ``spans`` are the start-ups' (began, ended) clock readings."""
 
     spec: JobSpec
     given: Engine | None = None
@@ -84,8 +115,15 @@ class EnginePool:
     starts: int = 0
     stats: EngineStats = field(default_factory=EngineStats)
     info: EngineInfo | None = None
+    spans: list[tuple[float, float]] = field(default_factory=list)
     _engine: Engine | None = None
+    _starting: EngineStart | None = None
     _before: EngineStats = field(default_factory=EngineStats)
+
+    def start_early(self) -> None:
+        """Start building the engine now, in the background; ``acquire`` waits for it."""
+        if self.given is None and self._engine is None and self._starting is None:
+            self._starting = EngineStart(self.spec)
 
     def acquire(self) -> Engine:
         if self._engine is not None:
@@ -93,18 +131,32 @@ class EnginePool:
         if self.given is not None:
             self._before, self._engine = self.given.stats(), self.given
             return self.given
-        began = time.perf_counter()
-        self._engine = build_engine(self.spec)
-        self.startup_s += time.perf_counter() - began
-        self.starts += 1
+        start, self._starting = self._starting or EngineStart(self.spec), None
+        try:
+            self._engine = start.wait()
+        finally:
+            self._count_start(start)
         self._before = EngineStats()
         return self._engine
+
+    def _count_start(self, start: EngineStart) -> None:
+        ended = start.ended if start.ended is not None else time.perf_counter()
+        self.spans.append((start.began, ended))
+        self.startup_s += ended - start.began
+        self.starts += 1
 
     def discard(self, engine: Engine) -> None:
         self.close()
 
     def close(self) -> None:
-        """Count the engine's work and shut it down (the caller's engine stays up)."""
+        """Count the engine's work and shut it down (the caller's engine stays up). An
+        engine still starting is waited for and shut down: no engine process outlives
+        the run, even when planning failed while it started."""
+        if self._starting is not None:
+            start, self._starting = self._starting, None
+            with contextlib.suppress(BaseException):
+                self._engine = start.wait()
+            self._count_start(start)
         engine, self._engine = self._engine, None
         if engine is None:
             return

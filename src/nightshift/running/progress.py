@@ -16,6 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from nightshift.console import screen
 from nightshift.jobs.spec import CostSpec
 from nightshift.running.totals import RunTotals
 
@@ -27,10 +28,12 @@ class LiveProgress:
     """The run's clock, progress bar and timeline. Thread-safe: shard tasks may answer
     records from Prefect's worker threads."""
 
-    def __init__(self, cost: CostSpec, show: bool) -> None:
+    def __init__(self, cost: CostSpec, show: bool, started: float | None = None) -> None:
+        """``started``: the ``time.perf_counter()`` reading the run began at (now if None)."""
         self.cost, self.show = cost, show
-        self.started = time.perf_counter()
-        self.started_at = datetime.now(timezone.utc)
+        self.started = time.perf_counter() if started is None else started
+        since = time.perf_counter() - self.started
+        self.started_at = datetime.now(timezone.utc) - timedelta(seconds=since)
         self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
         self.shard_times: dict[int, dict[str, float]] = {}
         self.expected = 0  # records this run will answer
@@ -48,7 +51,9 @@ class LiveProgress:
         with self._lock:
             self.expected = records
             if self._bar is None:
-                self._bar = tqdm(total=records, desc="generate", unit="rec", disable=not self.show)
+                self._bar = tqdm(
+                    total=records, desc="generate", unit="rec", disable=not self.show, file=screen()
+                )
 
     def answered(self, shard: int, totals: RunTotals) -> None:
         """One more record answered (ok or failed); ``totals`` are the run's so far."""

@@ -45,12 +45,14 @@ def start_run(
     progress: bool = True,
     retry_in_place: bool = True,
     as_worker: bool = False,
+    started: float | None = None,
 ) -> JobRun:
     """Plan the job, or take up the plan of an earlier run of it (adding an increment
     for records new since, see ``scheduling.increments``); list the shards left to run.
     ``as_worker``: one of several workers; it takes up the plan as it is (the
-    coordinator planned it) and never plans."""
-    clock = LiveProgress(spec.cost, show=progress)
+    coordinator planned it) and never plans. ``started``: the ``time.perf_counter()``
+    reading the run began at, when work (an engine start) began before this call."""
+    clock = LiveProgress(spec.cost, show=progress, started=started)
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     stamp = plan_stamp(spec)  # hashes the model's files: once per run
     manifest = _resumable_plan(output, stamp, overwrite)
@@ -73,6 +75,22 @@ def start_run(
     )
     clock.expect(runner.records_left(todo))
     return JobRun(spec, output, manifest, runner, todo, clock, clock.now())
+
+
+def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
+    """Whether a run of ``spec`` will likely generate, from the plan and markers alone
+    (cheap: no input is read), so its engine can start while the plan is built. An
+    output whose plan is all committed, or holds another job's run, starts none early."""
+    if overwrite or new_run:
+        return True
+    output = JobOutput(spec.output.path)
+    manifest = output.plans.manifest()
+    if manifest is None:
+        return not output.holds_a_run()
+    if manifest.get("fingerprint") != plan_stamp(spec)["fingerprint"]:
+        return False  # start_run refuses it
+    committed = output.shards.committed()
+    return any(s["index"] not in committed for s in manifest["shards"]["each"])
 
 
 def raise_if_failed(job: JobRun) -> None:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from tqdm.auto import tqdm
 
+from nightshift.console import screen
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.inputs import (
     READ_BATCH,
@@ -133,7 +134,9 @@ def _measure_input(
     """Pass over every input file once, in order, keeping only each record's keys."""
     hashes, prefixes = level_names(measurer.levels)
     parts = []
-    bar = tqdm(total=dataset.count_rows(), desc="plan", unit="rec", disable=not progress)
+    bar = tqdm(
+        total=dataset.count_rows(), desc="plan", unit="rec", disable=not progress, file=screen()
+    )
     for index in range(len(dataset.files)):
         row = 0
         for batch in file_batches(dataset, index, columns, READ_BATCH):

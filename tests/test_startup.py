@@ -1,0 +1,115 @@
+"""Engine start-up overlaps planning, and the engine's own output stays off the screen."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import nightshift.running.engines as engines_module
+from nightshift.console import engine_output_to, screen
+from nightshift.engines.fake import FakeEngine
+from nightshift.errors import SpecError
+from nightshift.jobs.loading import validate_spec
+from nightshift.pipelines.direct import run_job
+from nightshift.reports.assemble import startup_seconds
+
+from .conftest import spec_dict, write_records
+
+START_S = 1.5  # a slow engine start, so it clearly overlaps planning
+
+
+class ClosingEngine(FakeEngine):
+    closed: list[ClosingEngine] = []
+
+    def close(self) -> None:
+        ClosingEngine.closed.append(self)
+        super().close()
+
+
+@pytest.fixture
+def slow_start(monkeypatch):
+    """build_engine takes START_S seconds; records when each build began and ended."""
+    builds: list[tuple[float, float]] = []
+    ClosingEngine.closed = []
+
+    def build(spec):
+        began = time.perf_counter()
+        time.sleep(START_S)
+        builds.append((began, time.perf_counter()))
+        return ClosingEngine()
+
+    monkeypatch.setattr(engines_module, "build_engine", build)
+    return builds
+
+
+def test_the_engine_starts_while_the_plan_is_built(models, ticket_dir, tmp_path, slow_start):
+    spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
+    began = time.perf_counter()
+    report = run_job(spec, progress=False).report
+    ((build_began, build_ended),) = slow_start
+    assert build_began - began < 0.5  # at once, not after the plan
+    t = report["time_s"]
+    assert t["startup_during_plan"] > 0
+    ran_at_once = min(build_ended - began, t["plan"]) - (build_began - began)
+    assert t["startup_during_plan"] == pytest.approx(ran_at_once, abs=0.2)
+    # The parts add up: plan + start-up - what ran at once + generation = wall time.
+    assert t["plan"] + t["engine_startup"] - t["startup_during_plan"] + t["generate"] == (
+        pytest.approx(t["total"], abs=0.05)
+    )
+    assert report["records"]["ok"] == 120
+
+
+def test_a_plan_that_fails_shuts_down_the_engine_that_was_starting(
+    models, tmp_path, slow_start
+):
+    write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s"}])  # no body
+    spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
+    threads = set(threading.enumerate())
+    with pytest.raises(SpecError, match="body"):
+        run_job(spec, progress=False)
+    assert len(slow_start) == 1 and len(ClosingEngine.closed) == 1
+    assert set(threading.enumerate()) <= threads  # the start thread is gone too
+
+
+def test_a_job_with_nothing_left_starts_no_engine_early(
+    models, ticket_dir, tmp_path, slow_start
+):
+    spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
+    run_job(spec, progress=False)
+    assert len(slow_start) == 1
+    again = run_job(spec, progress=False).report
+    assert len(slow_start) == 1
+    assert again["this_run"]["engine_starts"] == 0
+
+
+def test_startup_seconds_count_only_what_ran_during_the_plan():
+    # clock starts at 100; plan 10 s; engine start 102..130, then a restart 140..150
+    startup, overlap = startup_seconds([(102.0, 130.0), (140.0, 150.0)], 100.0, 10.0)
+    assert (startup, overlap) == (38.0, 8.0)
+    assert startup_seconds([(95.0, 105.0)], 100.0, 10.0) == (5.0, 5.0)  # clipped to the run
+
+
+def test_engine_output_goes_to_the_log_and_nightshift_lines_to_the_screen(tmp_path, capfd):
+    log = tmp_path / "out.logs" / "engine.log"
+    with engine_output_to(log):
+        os.write(2, b"Triton is installed, but doesn't include CPU backend\n")
+        os.write(1, b"INFO engine noise on stdout\n")
+        print("FutureWarning: from python", file=sys.stderr, flush=True)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; print('child noise', file=sys.stderr)"],
+            check=True,
+        )
+        screen().write("generate: 10 rec\n")
+        screen().flush()
+    out, err = capfd.readouterr()
+    assert "generate: 10 rec" in err
+    for noise in ("Triton", "engine noise", "FutureWarning", "child noise"):
+        assert noise not in out + err
+        assert noise in log.read_text()
+    os.write(2, b"after\n")  # the terminal is back
+    assert "after" in capfd.readouterr().err
