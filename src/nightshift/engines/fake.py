@@ -106,7 +106,7 @@ class FakeEngine:
         self._stats = EngineStats()
         self._window = window
         self._abort_every, self._flaky_every = abort_every, flaky_every
-        self.aborted: list[int] = []  # keys of the requests returned aborted
+        self.aborted: list[str] = []  # prompt_digest of each request returned aborted
         self.calls = 0
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
@@ -139,7 +139,7 @@ class FakeEngine:
         self.order.append(request.key)
         taken = len(self.order)
         if self._abort_every and taken % self._abort_every == 0:
-            self.aborted.append(request.key)
+            self.aborted.append(prompt_digest(ids))
             return EngineResult(request.key, finish_reason="abort", aborted=True)
         if self._flaky_every and taken % self._flaky_every == 0:
             error = "request-level internal error (fake, flaky_every)"
