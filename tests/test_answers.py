@@ -221,3 +221,29 @@ def test_failed_engine_starts_leave_no_thread_and_no_shard_copy(
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert left == []
     assert list(temp.glob("nightshift-shard-*")) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "aborted", "retryable"),
+    [
+        ("stop", False, False),
+        ("length", False, False),
+        ("abort", True, False),
+        (None, True, False),
+        ("error", False, True),
+    ],
+)
+def test_vllm_finish_reasons_map_to_the_engine_contract(reason, aborted, retryable):
+    """vLLM's "abort" (and an unfinished output) is no answer; "error" is a retryable
+    failure of that request; "stop" and "length" are answers."""
+    from types import SimpleNamespace
+
+    from nightshift.engines.vllm_engine import _result
+
+    completion = SimpleNamespace(text="hi", finish_reason=reason, token_ids=[7, 8])
+    out = SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3], num_cached_tokens=0)
+    result = _result(5, out)
+    assert (result.key, result.aborted, result.retryable) == (5, aborted, retryable)
+    assert (result.error is not None) == retryable
+    if not aborted:
+        assert (result.text, result.output_tokens, result.prompt_tokens) == ("hi", 2, 3)
