@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -66,18 +65,27 @@ def assert_exactly_once(location: str, id_column: str, input_ids: list) -> None:
         assert records["planned"] == records["ok"] + records["failed"]
 
 
-def generated_keys(log: Path) -> list[int]:
-    return [int(line) for line in log.read_text().split()] if log.exists() else []
+def generated_prompts(log: Path) -> list[str]:
+    """The prompts (``fake.prompt_digest``) a fake engine with ``NIGHTSHIFT_FAKE_LOG`` answered."""
+    return log.read_text().split() if log.exists() else []
 
 
-def shard_positions(location: str) -> dict[int, set[int]]:
-    """The plan's positions of each shard's records."""
-    import tempfile
+def shard_prompts(spec: dict[str, Any]) -> dict[int, set[str]]:
+    """The prompt digests of each planned shard's records (request keys mean nothing
+    outside their run, so the fake engine's log names prompts)."""
+    from nightshift.engines.fake import prompt_digest
+    from nightshift.jobs.loading import validate_spec
+    from nightshift.running.feed import RequestFeed
+    from nightshift.scheduling.plan import load_encoder
 
-    output = JobOutput(location)
-    with tempfile.TemporaryDirectory() as tmp:
-        frame = pl.read_parquet(output.store.download("plan/records.parquet", Path(tmp) / "r.pq"))
-    return {shard: set(g["position"].to_list()) for (shard,), g in frame.group_by("shard")}
+    job = validate_spec(spec)
+    output = JobOutput(job.output.path)
+    feed = RequestFeed(job, output.plans, load_encoder(job))
+    shards = [s["index"] for s in output.plans.manifest()["shards"]["each"]]
+    try:
+        return {s: {prompt_digest(r.token_ids) for r in feed.requests([s])} for s in shards}
+    finally:
+        feed.close()
 
 
 def report(location: str) -> dict[str, Any]:

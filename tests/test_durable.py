@@ -24,10 +24,10 @@ from .conftest import spec_dict, write_records
 from .durable import (
     NIGHTSHIFT,
     assert_exactly_once,
-    generated_keys,
+    generated_prompts,
     report,
     run_cli,
-    shard_positions,
+    shard_prompts,
 )
 
 RECORDS = 150
@@ -78,8 +78,8 @@ def test_a_kill_at_a_crash_point_then_a_rerun_gives_every_record_once(job, tmp_p
     assert second.returncode == 0, second.stderr
     assert_exactly_once(out, "ticket_id", ids)
     # No shard committed before the kill is generated again.
-    shards = shard_positions(out)
-    regenerated = set(generated_keys(log))
+    shards = shard_prompts(spec)
+    regenerated = set(generated_prompts(log))
     for shard in committed_before:
         assert not shards[shard] & regenerated, f"shard {shard} was generated twice"
     assert report(out)["records"]["rejected"] == 3

@@ -15,7 +15,7 @@ from nightshift.jobs.status import output_status
 from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
-from .durable import assert_exactly_once, generated_keys, report, run_cli, shard_positions
+from .durable import assert_exactly_once, generated_prompts, report, run_cli, shard_prompts
 
 pytest_plugins = ["tests.s3server"]
 
@@ -44,7 +44,7 @@ def s3_job(models, tmp_path, s3_env):
 
 @pytest.mark.parametrize("point", ["chunk.written:4", "shard.data_written:2"])
 def test_a_kill_then_a_rerun_on_s3_gives_every_record_once(s3_job, s3_env, tmp_path, point):
-    spec_path, _, out, ids = s3_job
+    spec_path, spec, out, ids = s3_job
     env = s3_env.env()
     first = run_cli(spec_path, env={**env, "NIGHTSHIFT_CRASH_AT": point})
     assert first.returncode == -signal.SIGKILL, first.stderr
@@ -53,7 +53,7 @@ def test_a_kill_then_a_rerun_on_s3_gives_every_record_once(s3_job, s3_env, tmp_p
     second = run_cli(spec_path, env={**env, "NIGHTSHIFT_FAKE_LOG": str(log)})
     assert second.returncode == 0, second.stderr
     assert_exactly_once(out, "ticket_id", ids)
-    shards, regenerated = shard_positions(out), set(generated_keys(log))
+    shards, regenerated = shard_prompts(spec), set(generated_prompts(log))
     assert all(not shards[s] & regenerated for s in done_before)
     # The attempt that died between data and marker left files no marker names: gone now.
     assert report(out)["shards"]["complete"]

@@ -4,8 +4,10 @@ An engine takes a stream of prompts that are already token ids (so the counts th
 planner saw are exactly what the model sees, and no BOS is ever added twice) and yields
 one result per prompt as each finishes, in any order, matched back by ``key``. It reads
 ahead of what it has finished so its batch never drains between records. A problem with
-one prompt comes back as that result's ``error``; a dead engine raises
-``EngineFatalError``.
+one prompt comes back as that result's ``error`` (``retryable`` when sending the same
+request again may succeed); a request the engine gave up on without finishing (vLLM's
+``abort``) comes back ``aborted``: it is no answer, and its record stays unanswered. A
+dead engine raises ``EngineFatalError``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    key: int  # the runner's handle for the record; results carry it back
+    key: int  # the runner's handle for the request, unique in the run; results carry it back
     token_ids: Sequence[int]
 
 
@@ -48,6 +50,8 @@ class EngineResult:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    retryable: bool = False  # the error may not recur: the request is worth sending again
+    aborted: bool = False  # not finished: no answer, never a row; the record is asked again
 
 
 @dataclass

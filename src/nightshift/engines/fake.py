@@ -27,6 +27,12 @@ def _digest(token_ids: Sequence[int]) -> int:
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
 
 
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """What the ``log`` writes for one generated request: its prompt's digest (request
+    keys mean nothing outside their run; the prompt names the record)."""
+    return f"{_digest(list(token_ids)):016x}"
+
+
 def example_json(schema: dict[str, Any], seed: int) -> Any:
     """A small value that matches ``schema`` (the subset guided JSON tests use)."""
     if "enum" in schema:
@@ -49,8 +55,11 @@ def example_json(schema: dict[str, Any], seed: int) -> Any:
 class FakeEngine:
     """``fail_when(token_ids)`` may return an error string to fail that one record;
     ``die_after`` makes the engine die (EngineFatalError) once, after that many results,
-    as a crashed vLLM engine process would. ``seconds_per_record`` slows it down and
-    ``log`` (a file path) gets one line per generated request key, for the kill tests.
+    as a crashed vLLM engine process would. ``abort_every`` returns every n-th request
+    it takes aborted (no answer, as vLLM's ``abort``), and ``flaky_every`` fails every
+    n-th with a retryable error (as vLLM's ``error`` finish). ``seconds_per_record``
+    slows it down and ``log`` (a file path) gets one line per generated request (its
+    ``prompt_digest``), for the kill tests.
 
     Results come back out of order (each window of ``window`` requests reversed), as a
     real engine's do, so callers must match them by key.
@@ -65,6 +74,7 @@ class FakeEngine:
             block_size=block_size,
             seconds_per_record=float(env.get("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", 0)),
             log=env.get("NIGHTSHIFT_FAKE_LOG"),
+            abort_every=int(env.get("NIGHTSHIFT_FAKE_ABORT_EVERY", 0)) or None,
         )
 
     def __init__(
@@ -76,6 +86,8 @@ class FakeEngine:
         die_after: int | None = None,
         seconds_per_record: float = 0.0,
         log: str | None = None,
+        abort_every: int | None = None,
+        flaky_every: int | None = None,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -93,6 +105,8 @@ class FakeEngine:
         self._log = log
         self._stats = EngineStats()
         self._window = window
+        self._abort_every, self._flaky_every = abort_every, flaky_every
+        self.aborted: list[str] = []  # prompt_digest of each request returned aborted
         self.calls = 0
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
@@ -100,7 +114,7 @@ class FakeEngine:
         pending = iter(requests)
         while window := list(islice(pending, self._window)):
             results = [self._one(request, sampling) for request in window]
-            self._write_log(results)
+            self._write_log(window, results)
             for result in reversed(results):
                 self._maybe_die()
                 yield result
@@ -112,16 +126,24 @@ class FakeEngine:
                 raise EngineFatalError("fake engine died (die_after)")
             self._die_after -= 1
 
-    def _write_log(self, results: list[EngineResult]) -> None:
+    def _write_log(self, window: list[EngineRequest], results: list[EngineResult]) -> None:
         if self._delay:
             time.sleep(self._delay * len(results))
         if self._log:
+            answered = [q for q, r in zip(window, results, strict=True) if not r.aborted]
             with open(self._log, "a") as log:
-                log.writelines(f"{r.key}\n" for r in results)
+                log.writelines(f"{prompt_digest(q.token_ids)}\n" for q in answered)
 
     def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
         ids = list(request.token_ids)
         self.order.append(request.key)
+        taken = len(self.order)
+        if self._abort_every and taken % self._abort_every == 0:
+            self.aborted.append(prompt_digest(ids))
+            return EngineResult(request.key, finish_reason="abort", aborted=True)
+        if self._flaky_every and taken % self._flaky_every == 0:
+            error = "request-level internal error (fake, flaky_every)"
+            return EngineResult(request.key, finish_reason="error", error=error, retryable=True)
         error = self._fail_when(ids) if self._fail_when else None
         if error:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -231,13 +232,28 @@ def _sampling_params(sampling: Sampling):
     )
 
 
+# vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) that are no answer: an
+# aborted request was given up before it finished; "error" is vLLM's retryable
+# request-level internal error (a KV load failure, say). None is an unfinished output.
+_UNANSWERED = {"abort", None}
+_RETRYABLE = {"error"}
+
+
 def _result(key: int, out: Any) -> EngineResult:
-    completion = out.outputs[0]
-    return EngineResult(
+    completion = out.outputs[0] if out.outputs else None
+    reason = completion.finish_reason if completion is not None else None
+    prompt_tokens = len(out.prompt_token_ids or [])
+    if reason in _UNANSWERED:
+        return EngineResult(key, finish_reason=reason, prompt_tokens=prompt_tokens, aborted=True)
+    result = EngineResult(
         key=key,
         text=completion.text,
-        finish_reason=completion.finish_reason,
-        prompt_tokens=len(out.prompt_token_ids or []),
+        finish_reason=reason,
+        prompt_tokens=prompt_tokens,
         output_tokens=len(completion.token_ids),
         cached_tokens=int(out.num_cached_tokens or 0),
     )
+    if reason in _RETRYABLE:
+        error = f"vLLM ended the request with an internal error (finish_reason {reason!r})"
+        return replace(result, error=error, retryable=True)
+    return result

@@ -6,20 +6,27 @@ Layout under the output (local directory or S3 prefix)::
                                          counts and checksums, and its counts and tokens
     results/shard-00000-<attempt>.parquet  a committed shard's answers
     failed/shard-00000-<attempt>.parquet   a committed shard's failed records
-    _work/shard-00000/progress.json      checkpoints of a shard still running: its chunks
+    _work/shard-00000/progress-<attempt>.json  checkpoints of a shard still running: the
+                                         chunks that attempt wrote
     _work/shard-00000/<attempt>-00003.ok.parquet / .failed.parquet   one chunk
 
 The protocol, for a crash at any instant:
 
-* A chunk is written under a key no other attempt uses, then ``progress.json`` is
-  rewritten to name it. A crash between the two loses that one chunk, never more.
+* A chunk is written under a key no other attempt uses, then the attempt's own progress
+  file is rewritten to name it. A crash between the two loses that one chunk, never
+  more. Each attempt writes only its own progress file, so two attempts on one shard
+  (two runs on one output, a worker whose lease expired mid-write) never overwrite or
+  append to each other's; a shard's checkpoint is all its progress files together, and
+  records both attempts answered are kept once when the shard commits
+  (``one_row_per_record``).
 * A shard commits by writing its merged data under attempt-unique keys, then creating
   its marker with a conditional put (create only if absent): of two attempts racing, one
   marker wins and the loser deletes its files. Object stores have no rename; the marker
   decides which attempt's files count.
-* Readers, ``status`` and resume trust markers and progress files only, never a listing.
-  Listings are used for one thing: deleting files no marker names (losers and the
-  leftovers of attempts that died between data and marker).
+* Readers, ``status`` and resume trust markers and progress files only, never a listing
+  of data. Listings are used for two things: finding a shard's progress files, and
+  deleting files no marker names (losers and the leftovers of attempts that died
+  between data and marker).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.errors import ObjectNotFound
@@ -43,6 +51,9 @@ from nightshift.io.objectstore import ObjectStore
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
 DATA_FILE = re.compile(r"^(results|failed)/shard-\d{5}-[0-9a-f]+\.parquet$")
+# An attempt's progress file in _work/shard-N/ (progress.json: one from before attempts
+# had their own, still read on resume).
+PROGRESS_FILE = re.compile(r"^progress(-[0-9a-f]+)?\.json$")
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,8 @@ class ShardStore:
     def marker_key(self, shard: int) -> str:
         return f"{COMMITTED}/{shard_name(shard)}.json"
 
-    def progress_key(self, shard: int) -> str:
-        return f"{WORK}/{shard_name(shard)}/progress.json"
+    def progress_key(self, shard: int, attempt: str) -> str:
+        return f"{WORK}/{shard_name(shard)}/progress-{attempt}.json"
 
     def committed(self) -> dict[int, dict[str, Any]]:
         """Every commit marker, by shard."""
@@ -79,18 +90,22 @@ class ShardStore:
         return markers
 
     def checkpoint(self, shard: int) -> list[StoredFile]:
-        """The chunks a shard has checkpointed so far (none if it never checkpointed)."""
-        try:
-            progress = json.loads(self.store.get_bytes(self.progress_key(shard)))
-        except ObjectNotFound:
-            return []
-        return [StoredFile(**f) for f in progress["files"]]
+        """The chunks a shard has checkpointed so far, by all its attempts together (none
+        if it never checkpointed)."""
+        files: dict[str, StoredFile] = {}
+        for key in sorted(self.store.list(f"{WORK}/{shard_name(shard)}/")):
+            if PROGRESS_FILE.match(key.rsplit("/", 1)[-1]):
+                for f in self._progress(key):
+                    files.setdefault(f.key, f)
+        return list(files.values())
 
     def write_chunk(
         self, shard: int, attempt: str, index: int, tables: dict[str, pa.Table]
     ) -> list[StoredFile]:
-        """Write one chunk (its ok and failed rows), then name it in progress.json."""
-        done = self.checkpoint(shard)
+        """Write one chunk (its ok and failed rows), then name it in the attempt's
+        progress file; returns the chunk's files."""
+        key = self.progress_key(shard, attempt)
+        mine = self._progress(key)
         prefix = f"{WORK}/{shard_name(shard)}/{attempt}-{index:05d}"
         added = [
             self._put_table(f"{prefix}.{kind}.parquet", table, kind)
@@ -98,10 +113,23 @@ class ShardStore:
             if table.num_rows
         ]
         crash_point("chunk.written")
-        files = done + added
-        payload = {"shard": shard, "files": [asdict(f) for f in files], "updated": time.time()}
-        self.store.put_bytes(self.progress_key(shard), json.dumps(payload).encode())
-        return files
+        files = mine + added
+        payload = {
+            "shard": shard,
+            "attempt": attempt,
+            "files": [asdict(f) for f in files],
+            "updated": time.time(),
+        }
+        self.store.put_bytes(key, json.dumps(payload).encode())
+        return added
+
+    def _progress(self, key: str) -> list[StoredFile]:
+        """The chunks one progress file names (none once it is gone: the shard committed)."""
+        try:
+            progress = json.loads(self.store.get_bytes(key))
+        except ObjectNotFound:
+            return []
+        return [StoredFile(**f) for f in progress["files"]]
 
     def read(self, files: list[StoredFile], kind: str) -> list[pa.Table]:
         return [self._get_table(f.key) for f in files if f.kind == kind]
@@ -121,6 +149,7 @@ class ShardStore:
         marker.update(summary, committed_at=time.time())
         if not self.store.put_if_absent(self.marker_key(shard), json.dumps(marker).encode()):
             self.store.delete([f.key for f in files])
+            self.forget_work(shard)  # the winner's marker names the shard's data now
             return False
         self.forget_work(shard)
         return True
@@ -154,3 +183,23 @@ class ShardStore:
         with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
             path = self.store.download(key, Path(tmp) / "part.parquet")
             return pq.read_table(path)
+
+
+def one_row_per_record(ok: pa.Table, failed: pa.Table, id_column: str) -> tuple[pa.Table, pa.Table]:
+    """``ok`` and ``failed`` with one row per record id: attempts that overlapped may each
+    have checkpointed a record. An ok answer wins over a failure; else the first row."""
+    ok = _first_per_id(ok, id_column)
+    failed = _first_per_id(failed, id_column)
+    answered = pc.is_in(failed.column(id_column), value_set=ok.column(id_column).combine_chunks())
+    return ok, failed.filter(pc.invert(pc.fill_null(answered, False)))
+
+
+def _first_per_id(table: pa.Table, id_column: str) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    rows = pa.table({"id": table.column(id_column), "row": pa.array(range(table.num_rows))})
+    first = rows.group_by("id", use_threads=False).aggregate([("row", "min")])
+    keep = first.column("row_min").to_pylist()
+    if len(keep) == table.num_rows:
+        return table
+    return table.take(sorted(keep))

@@ -18,7 +18,9 @@ class Prefetch(Generic[T]):
     engine starts gets its first batches rendered and encoded during engine start-up,
     when the CPU is otherwise idle. An exception in the producer is raised to the
     consumer where it would have been raised without the thread; ``close`` (or garbage
-    collection of an abandoned iteration) stops the producer.
+    collection of an abandoned iteration) stops the producer and closes ``items``, so
+    what it holds open (a temporary copy, say) is released before ``close`` returns,
+    also when nothing was ever consumed.
     """
 
     def __init__(self, items: Iterator[T], depth: int) -> None:
@@ -38,6 +40,10 @@ class Prefetch(Generic[T]):
         except BaseException as exc:  # handed to the consumer, which raises it
             self._ready.put(_Failure(exc))
             return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # runs the generator's own clean-up now, in this thread
         self._ready.put(_DONE)
 
     def __iter__(self) -> Iterator[T]:

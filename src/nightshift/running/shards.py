@@ -11,23 +11,24 @@ up to ``run.shard_attempts`` times.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nightshift.engines.base import Engine, EngineRequest
+from nightshift.engines.base import Engine, EngineRequest, EngineResult
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import EngineFatalError, JobAbortedError, LeaseLostError
+from nightshift.errors import EngineFatalError, JobAbortedError, LeaseLostError, NightshiftError
 from nightshift.io.planstore import PlanStore, input_schema
-from nightshift.io.shardstore import ShardStore, StoredFile
+from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
 from nightshift.running.feed import RequestFeed
@@ -98,13 +99,15 @@ class ShardRunner:
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
         self.attempt = uuid.uuid4().hex[:8]
+        self._keys = itertools.count()  # request keys, unique in this run (see feed)
         self.totals = RunTotals()
         self.attempts: Counter = Counter()
         self.failures: dict[int, str] = {}
         self.committed: list[int] = []
 
     def run(self, todo: list[int], engines: EngineSource) -> None:
-        """Run ``todo`` to commit, retrying shards whose engine died."""
+        """Run ``todo`` to commit, retrying shards whose engine died or that were left
+        with records unanswered."""
         for shard in todo:
             self.failures.pop(shard, None)  # a caller's retry starts it afresh
         while todo:
@@ -114,21 +117,26 @@ class ShardRunner:
                 del work[w.shard]
             if not work:
                 return
-            feed = RequestFeed(self.spec, self.plans, self.encoder)
+            feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
             skip = {s: w.done_ids for s, w in work.items() if w.done_ids}
-            requests = feed.requests(sorted(work), skip)  # encoding starts now, not later
-            engine = engines.acquire()
             try:
-                self._generate(engine, feed, requests, work)
-                return
-            except EngineFatalError as exc:
-                engines.discard(engine)
-                todo = self._after_crash(work, exc)
+                requests = feed.requests(sorted(work), skip)  # encoding starts now, not later
+                engine = engines.acquire()
+                try:
+                    self._generate(engine, feed, requests, work)
+                except EngineFatalError as exc:
+                    engines.discard(engine)
+                    todo = self._after_crash(work, exc)
+                    continue
+            finally:
+                feed.close()  # also when the engine never started: no thread, no temp copy
+            todo = self._after_pass(work)
 
     def records_left(self, todo: list[int]) -> int:
         """Records of ``todo`` not yet checkpointed: what this run will answer."""
-        done = sum(f.rows for s in todo for f in self.shards.checkpoint(s))
-        return sum(self.planned[s] for s in todo) - done
+        # Overlapping attempts may have checkpointed a record twice: never below 0.
+        done = {s: sum(f.rows for f in self.shards.checkpoint(s)) for s in todo}
+        return sum(max(0, self.planned[s] - done[s]) for s in todo)
 
     def _resume(self, shard: int) -> ShardWork:
         files = self.shards.checkpoint(shard)
@@ -145,19 +153,34 @@ class ShardRunner:
         work: dict[int, ShardWork],
     ) -> None:
         sampling = sampling_for(self.spec, self.task)
-        for result in engine.run(requests, sampling):
-            shard, record_id, kept = feed.answered(result.key)
-            row, ok = self.tables.row(record_id, kept, result)
-            w = work[shard]
-            w.answered_now += 1
-            (w.ok if ok else w.failed).append(row)
-            self.totals.count(row, ok)
-            self.progress.answered(shard, self.totals)
-            self._stop_if_everything_fails(w)
-            if w.remaining == 0:
-                self._finish(w)
-            elif self._due(w):
-                self._checkpoint(w)
+        stream: Iterator[EngineRequest] | None = requests
+        while stream is not None:
+            for result in engine.run(stream, sampling):
+                self._take(feed, result, work)
+            # Retries queued after the engine took the last request get one more pass.
+            stream = feed.again() if feed.retrying else None
+
+    def _take(self, feed: RequestFeed, result: EngineResult, work: dict[int, ShardWork]) -> None:
+        """One result: a row of its shard, or nothing when it is no answer."""
+        if result.aborted:
+            feed.answered(result.key)  # no answer: its record stays for the next pass
+            return
+        if result.retryable and feed.retry(result.key):
+            return
+        pending = feed.answered(result.key)
+        if result.retryable:  # a transient error every time it was sent: a failed row
+            result = replace(result, error=f"{result.error}; sent {pending.tries} times")
+        row, ok = self.tables.row(pending.record_id, pending.kept, result)
+        w = work[pending.shard]
+        w.answered_now += 1
+        (w.ok if ok else w.failed).append(row)
+        self.totals.count(row, ok)
+        self.progress.answered(w.shard, self.totals)
+        self._stop_if_everything_fails(w)
+        if w.remaining == 0:
+            self._finish(w)
+        elif self._due(w):
+            self._checkpoint(w)
 
     def _due(self, w: ShardWork) -> bool:
         run = self.spec.run
@@ -175,7 +198,7 @@ class ShardRunner:
             "ok": self.tables.results_table(w.ok),
             "failed": self.tables.failed_table(w.failed),
         }
-        w.files = self.shards.write_chunk(w.shard, self.attempt, w.chunks, tables)
+        w.files = w.files + self.shards.write_chunk(w.shard, self.attempt, w.chunks, tables)
         w.chunks += 1
         w.done_ids.update(r[self.spec.input.id_column] for r in w.ok + w.failed)
         w.ok, w.failed, w.since = [], [], time.monotonic()
@@ -186,10 +209,13 @@ class ShardRunner:
         failed = pa.concat_tables(
             self.shards.read(w.files, "failed") + [self.tables.failed_table(w.failed)]
         )
+        # Two attempts that ran the shard at once both checkpointed some of its records.
+        ok, failed = one_row_per_record(ok, failed, self.spec.input.id_column)
         if ok.num_rows + failed.num_rows != w.planned:
-            raise AssertionError(
+            raise NightshiftError(
                 f"shard {w.shard} does not reconcile: {w.planned} planned, "
-                f"{ok.num_rows} ok + {failed.num_rows} failed"
+                f"{ok.num_rows} ok + {failed.num_rows} failed; nothing was committed and "
+                "its checkpoints are kept"
             )
         summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
         self._check_lease(w.shard)
@@ -220,6 +246,27 @@ class ShardRunner:
                 retry.append(w.shard)
         if self.retry_in_place:
             log.warning("engine died (%s); retrying shards %s on a fresh engine", exc, retry)
+        return retry
+
+    def _after_pass(self, work: dict[int, ShardWork]) -> list[int]:
+        """After the engine answered all it was going to: a shard with records left
+        unanswered (results that came back aborted are no answers) checkpoints what it
+        has and counts an attempt; it runs again, or is named failed and stays resumable."""
+        retry = []
+        for w in [w for w in work.values() if w.shard not in self.committed]:
+            left = w.remaining
+            self._checkpoint(w)
+            w.answered_now = 0
+            self.attempts[w.shard] += 1
+            if self.retry_in_place and self.attempts[w.shard] < self.spec.run.shard_attempts:
+                retry.append(w.shard)
+            else:
+                self.failures[w.shard] = (
+                    f"{left} record(s) left unanswered (the engine aborted them); "
+                    "they are asked again on the next attempt"
+                )
+        if retry:
+            log.warning("records were left unanswered; asking shards %s again", retry)
         return retry
 
     def _stop_if_everything_fails(self, w: ShardWork) -> None:
