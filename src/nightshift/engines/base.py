@@ -83,8 +83,12 @@ class Engine(Protocol):
     info: EngineInfo
 
     def run(
-        self, requests: Iterable[EngineRequest], sampling: Sampling
-    ) -> Iterator[EngineResult]: ...
+        self, requests: Iterable[EngineRequest | None], sampling: Sampling
+    ) -> Iterator[EngineResult]:
+        """Results of ``requests`` as they finish. ``requests`` may yield None: nothing
+        to send yet; the engine goes on with what it holds and asks again (a feed whose
+        next shard has not arrived never makes a running batch wait)."""
+        ...
 
     def stats(self) -> EngineStats: ...
 

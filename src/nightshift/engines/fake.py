@@ -15,7 +15,6 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
@@ -109,15 +108,32 @@ class FakeEngine:
         self.aborted: list[str] = []  # prompt_digest of each request returned aborted
         self.calls = 0
 
-    def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
+    def run(
+        self, requests: Iterable[EngineRequest | None], sampling: Sampling
+    ) -> Iterator[EngineResult]:
         self.calls += 1
-        pending = iter(requests)
-        while window := list(islice(pending, self._window)):
+        pending, exhausted = iter(requests), False
+        while not exhausted:
+            window, exhausted = self._take_window(pending)
             results = [self._one(request, sampling) for request in window]
             self._write_log(window, results)
             for result in reversed(results):
                 self._maybe_die()
                 yield result
+
+    def _take_window(self, pending: Iterator[EngineRequest | None]) -> tuple[list, bool]:
+        """Up to ``window`` requests; fewer when the stream has none ready (None) or
+        ends (then True)."""
+        window: list[EngineRequest] = []
+        for request in pending:
+            if request is None:
+                if window:
+                    return window, False
+                continue  # nothing held: ask again
+            window.append(request)
+            if len(window) == self._window:
+                return window, False
+        return window, True
 
     def _maybe_die(self) -> None:
         if self._die_after is not None:

@@ -123,17 +123,25 @@ class VllmEngine:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         engine, params = self._llm.llm_engine, _sampling_params(sampling)
-        pending, in_flight = iter(requests), set()
+        pending, in_flight, exhausted = iter(requests), set(), False
         try:
             while True:
-                for request in islice(pending, self.read_ahead - len(in_flight)):
+                room, taken = self.read_ahead - len(in_flight), 0
+                for request in islice(pending, room):
+                    if request is None:  # none ready yet: step what we hold, ask again
+                        break
+                    taken += 1  # noqa: SIM113 (a None ends the loop early)
                     refused = self._add(engine, request, params)
                     if refused:
                         yield refused
                     else:
                         in_flight.add(str(request.key))
+                else:
+                    exhausted = exhausted or taken < room
                 if not in_flight:
-                    return
+                    if exhausted:
+                        return
+                    continue
                 for out in engine.step():
                     if out.finished:
                         in_flight.discard(out.request_id)

@@ -34,9 +34,11 @@ from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
 from nightshift.reports.assemble import finish_run
 from nightshift.running.engines import EnginePool, check_engine_spec
+from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, raise_if_failed, start_run, work_may_be_left
 
 FLOW_NAME = "nightshift-job"
+SHARDS_AHEAD = 4  # shard tasks running at once: one generating, the next ones queued
 
 
 def _only_engine_deaths(task, task_run, state) -> bool:
@@ -73,12 +75,10 @@ def plan_task(
     tags=["nightshift-shard"],
     retry_condition_fn=_only_engine_deaths,
 )
-def shard_task(job: JobRun, shard: int, engines: EnginePool) -> int:
-    """Run one shard to its commit (continuing from its checkpoints on a retry)."""
-    job.runner.run([shard], engines)
-    if shard in job.runner.failures:
-        raise ShardAttemptFailed(f"shard {shard}: {job.runner.failures[shard]}")
-    return shard
+def shard_task(shard: int, feeding: FeedingLoop) -> int:
+    """Run one shard to its commit (continuing from its checkpoints on a retry): hand it
+    to the run's feeding loop, which keeps one engine busy across shards, and wait."""
+    return feeding.run(shard)
 
 
 @task(name="report", task_run_name="report", cache_policy=NONE)
@@ -110,7 +110,8 @@ def _flow_run_name() -> str:
 @flow(
     name=FLOW_NAME,
     flow_run_name=_flow_run_name,
-    task_runner=ThreadPoolTaskRunner(max_workers=1),  # one engine: one shard at a time
+    # Shard tasks only wait on the feeding loop; a few at once keep its queue full.
+    task_runner=ThreadPoolTaskRunner(max_workers=SHARDS_AHEAD),
     validate_parameters=True,
 )
 def job_flow(
@@ -170,9 +171,15 @@ def _run_workers(
 
 
 def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:
-    """Map the shards, wait for all of them, re-raise a job-level error if one stopped."""
-    futures = shard_task_for(spec).map(job=unmapped(job), shard=job.todo, engines=unmapped(engines))
-    futures.wait()
+    """Map the shards onto one feeding loop, wait for all of them, re-raise a job-level
+    error if one stopped. A few shard tasks run at once, so the loop always holds the
+    next shard before the current one commits."""
+    feeding = FeedingLoop(job.runner, engines)
+    try:
+        futures = shard_task_for(spec).map(shard=job.todo, feeding=unmapped(feeding))
+        futures.wait()
+    finally:
+        feeding.close()
     for future in futures:
         if future.state.is_failed():
             error = future.result(raise_on_failure=False)

@@ -30,6 +30,7 @@ from nightshift.jobs.loading import load_spec
 from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
 from nightshift.running.engines import EnginePool, check_engine_spec
+from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, start_run
 from nightshift.running.workerstats import write_worker_figures
 
@@ -50,17 +51,19 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
     worker_id = f"{worker}-{uuid.uuid4().hex[:6]}"
     leases = ShardLeases(job.output.store, worker_id, ttl_s=spec.run.lease_s)
     engines = EnginePool(spec)
+    feeding = FeedingLoop(job.runner, engines)
     try:
         with gpu_slot(spec):
-            done = claim_and_run(job, engines, leases)
+            done = claim_and_run(job, feeding, leases)
     finally:
+        feeding.close()
         engines.close()
     job.progress.close(job.runner.totals)
     write_worker_figures(job, engines, worker_id)
     return {"worker": worker_id, "shards": done}
 
 
-def claim_and_run(job: JobRun, engines: EnginePool, leases: ShardLeases) -> list[int]:
+def claim_and_run(job: JobRun, feeding: FeedingLoop, leases: ShardLeases) -> list[int]:
     """The worker loop: the shards this worker committed, in order."""
     given_up: set[int] = set()
     done: list[int] = []
@@ -72,7 +75,7 @@ def claim_and_run(job: JobRun, engines: EnginePool, leases: ShardLeases) -> list
         if lease is None:  # every shard left is leased by a live worker: wait, one may die
             time.sleep(IDLE_POLL_S)
             continue
-        if _run_claimed(job, engines, leases, lease):
+        if _run_claimed(job, feeding, leases, lease):
             done.append(lease.shard)
         else:
             given_up.add(lease.shard)
@@ -91,7 +94,7 @@ def _claim_first(leases: ShardLeases, shards: list[int]) -> Lease | None:
     return None
 
 
-def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease: Lease) -> bool:
+def _run_claimed(job: JobRun, feeding: FeedingLoop, leases: ShardLeases, lease: Lease) -> bool:
     """Run a claimed shard; True when it committed. A shard whose attempts ran out here
     is released for other workers; one taken over by another worker is left to it."""
     shard = lease.shard
@@ -99,7 +102,7 @@ def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease: L
         job.runner.lease_lost = keeper.lost
         try:
             if shard not in job.output.shards.committed():  # committed since the listing
-                shard_task_for(job.spec)(job, shard, engines)
+                shard_task_for(job.spec)(shard, feeding)
         except LeaseLostError:
             log.warning("shard %d was taken over by another worker; moving on", shard)
             return False

@@ -27,12 +27,16 @@ def finish_run(job: JobRun, engines: EnginePool) -> RunOutcome:
     startup, overlap = engines.startup_s, 0.0  # workers' start-ups come as seconds only
     if engines.spans:
         startup, overlap = startup_seconds(engines.spans, job.progress.started, job.planned_s)
+    # Generation ends with the last answer or commit; shutting the engine down and
+    # writing the report after it is wrap-up, not generation.
+    ended = job.progress.last_work if job.progress.last_work is not None else finished
     times = Timings(
         total=finished,
         plan=job.planned_s,
         engine_startup=startup,
-        generate=max(0.0, finished - job.planned_s - startup + overlap),
+        generate=max(0.0, ended - job.planned_s - startup + overlap),
         overlap=overlap,
+        wrap_up=finished - ended,
     )
     return RunOutcome(_report(job, engines, times), job.output.location)
 

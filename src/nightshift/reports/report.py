@@ -36,6 +36,7 @@ class Timings:
     engine_startup: float
     generate: float
     overlap: float = 0.0  # engine start-up seconds that ran while the plan was built
+    wrap_up: float = 0.0  # after the last answer: engine shutdown, counters, report
 
 
 def _ratio(part: float, whole: float) -> float:
@@ -110,6 +111,7 @@ def build_report(
             "engine_startup": times.engine_startup,
             "generate": times.generate,
             "startup_during_plan": times.overlap,
+            "wrap_up": times.wrap_up,
         },
         "throughput": {
             "output_tokens_per_s": _ratio(totals.output_tokens, times.generate),

@@ -10,7 +10,8 @@ and a new increment's shard in one feed would share keys (DESIGN invariant 8).
 from __future__ import annotations
 
 import itertools
-from collections import deque
+import queue
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from nightshift.engines.base import EngineRequest
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.spec import JobSpec
-from nightshift.running.prefetch import Prefetch
+from nightshift.running.prefetch import DONE, EMPTY, Prefetch
 from nightshift.scheduling.prompts import PromptTemplate
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
@@ -32,6 +33,16 @@ AHEAD_BATCHES = 4
 # Times a request whose error is transient (vLLM's "error" finish) is sent again before
 # it becomes a failed row.
 TRANSIENT_RETRIES = 2
+
+
+END = object()  # ``next_request``: the feed has nothing more, ever
+
+
+@dataclass(frozen=True)
+class ShardEnd:
+    """In the encoded stream: every record of ``shard`` came before this."""
+
+    shard: int
 
 
 @dataclass
@@ -66,30 +77,68 @@ class RequestFeed:
         self._keys = keys if keys is not None else itertools.count()
         self._again: deque[EngineRequest] = deque()
         self._prefetch: Prefetch | None = None
+        self._inbox: queue.SimpleQueue[tuple[int, set] | None] = queue.SimpleQueue()
+        self._input_closed = self._ended = False
+        self._ready: deque[EngineRequest] = deque()  # a batch being handed out
+        self._pending: Counter = Counter()  # shard -> its requests not yet come back
+        self._fed: set[int] = set()  # shards whose every record was handed out
+        self._newly_fed: list[int] = []
 
-    def requests(
-        self, shards: list[int], skip: dict[int, set] | None = None
-    ) -> Iterator[EngineRequest]:
-        """Requests for ``shards`` in plan order, leaving out ids in ``skip[shard]``
-        (records a shard already checkpointed), with requests to send again
-        (``retry``) slipped in as they come."""
-        # Rendering and encoding run ahead in a thread (the tokenizer releases the GIL),
-        # starting now: build the feed before the engine and start-up hides the first
-        # batches' encoding. ``close`` stops it, also when the engine never started.
-        self._prefetch = Prefetch(self._batches(shards, skip or {}), depth=AHEAD_BATCHES)
-        return self._stream(self._prefetch)
+    def add(self, shard: int, skip: set | None = None) -> None:
+        """Feed ``shard`` after the shards added before it, leaving out the ids in
+        ``skip`` (records it already checkpointed). Encoding runs ahead in a thread (the
+        tokenizer releases the GIL) from the first ``add``: a feed built before the
+        engine is up has its first batches ready when it is."""
+        if self._prefetch is None:
+            self._prefetch = Prefetch(self._batches(), depth=AHEAD_BATCHES)
+        self._inbox.put((shard, skip or set()))
 
-    def _stream(self, batches: Iterator[list[EngineRequest]]) -> Iterator[EngineRequest]:
-        for batch in batches:
-            for request in batch:
-                yield from self.again()
+    def close_input(self) -> None:
+        """No more shards will be added: ``next_request`` ends after the last one's."""
+        if not self._input_closed:
+            self._input_closed = True
+            self._inbox.put(None)
+
+    def next_request(self, wait: float | None = 0) -> EngineRequest | None | object:
+        """The next request to send: a retry first, then the shards' records in the order
+        added; None when nothing is ready within ``wait`` seconds; ``END`` when the input
+        is closed, every shard's records were handed out and no retry waits."""
+        while True:
+            if self._again:
+                return self._again.popleft()
+            if self._ready:
+                return self._ready.popleft()
+            if self._prefetch is None or self._ended:
+                return END if self._input_closed else None
+            item = self._prefetch.poll(wait)
+            if item is EMPTY:
+                return None
+            if item is DONE:
+                self._ended = True
+            elif isinstance(item, ShardEnd):
+                self._fed.add(item.shard)
+                self._newly_fed.append(item.shard)
+            else:
+                self._ready.extend(item)
+
+    def requests(self, shards: list[int], skip: dict[int, set] | None = None):
+        """All requests of ``shards`` in plan order, waiting for each (for callers that
+        want the plan's prompts as a plain stream)."""
+        for shard in shards:
+            self.add(shard, (skip or {}).get(shard))
+        self.close_input()
+        while (request := self.next_request(wait=None)) is not END:
+            if request is not None:
                 yield request
-        yield from self.again()
 
-    def again(self) -> Iterator[EngineRequest]:
-        """The requests ``retry`` queued and not yet sent (empty when there are none)."""
-        while self._again:
-            yield self._again.popleft()
+    def newly_fed(self) -> list[int]:
+        """Shards whose every record was handed out since the last call."""
+        shards, self._newly_fed = self._newly_fed, []
+        return shards
+
+    def stuck(self, shard: int) -> bool:
+        """Every request of ``shard`` was handed out and came back, answered or not."""
+        return shard in self._fed and not self._pending[shard]
 
     @property
     def retrying(self) -> bool:
@@ -98,18 +147,20 @@ class RequestFeed:
 
     def close(self) -> None:
         """Stop the encoding thread; the shard copies it held open are removed."""
+        self.close_input()
         if self._prefetch is not None:
             self._prefetch.close()
 
-    def _batches(self, shards: list[int], skip: dict[int, set]) -> Iterator[list[EngineRequest]]:
-        for shard in shards:
-            done = skip.get(shard)
+    def _batches(self) -> Iterator[list[EngineRequest] | ShardEnd]:
+        while (item := self._inbox.get()) is not None:
+            shard, done = item
             for batch in self.store.shard_batches(shard, REQUEST_BATCH):
                 records = pl.from_arrow(pa.Table.from_batches([batch]))
                 if done:
                     records = records.filter(~pl.col(self.id_column).is_in(list(done)))
                 if records.height:
                     yield self._encode(shard, records)
+            yield ShardEnd(shard)
 
     def _encode(self, shard: int, records: pl.DataFrame) -> list[EngineRequest]:
         segments = [s.to_list() for s in self.template.segment_texts(records)]
@@ -122,12 +173,15 @@ class RequestFeed:
         for record_id, row, tokens in zip(ids, kept, token_ids, strict=True):
             key = next(self._keys)
             self.in_flight[key] = Pending(shard, record_id, row, tokens)
+            self._pending[shard] += 1
             requests.append(EngineRequest(key, tokens))
         return requests
 
     def answered(self, key: int) -> Pending:
         """The record whose result has come back under ``key``."""
-        return self.in_flight.pop(key)
+        pending = self.in_flight.pop(key)
+        self._pending[pending.shard] -= 1
+        return pending
 
     def retry(self, key: int) -> bool:
         """Send the request of ``key`` again under a new key, unless it has been sent

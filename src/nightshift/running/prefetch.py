@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
-_DONE = object()
+DONE = object()  # ``poll``: the producer has finished
+EMPTY = object()  # ``poll``: nothing ready yet
+_DONE = DONE
 
 
 class Prefetch(Generic[T]):
@@ -54,6 +56,17 @@ class Prefetch(Generic[T]):
                 yield item
         finally:
             self.close()
+
+    def poll(self, timeout: float | None) -> object:
+        """The next item; ``EMPTY`` when none is ready within ``timeout`` seconds (0: do
+        not wait, None: wait for one); ``DONE`` once, at the end."""
+        try:
+            item = self._ready.get(timeout=timeout) if timeout != 0 else self._ready.get_nowait()
+        except queue.Empty:
+            return EMPTY
+        if isinstance(item, _Failure):
+            raise item.error
+        return item
 
     def close(self) -> None:
         self._stop.set()

@@ -39,6 +39,7 @@ class LiveProgress:
         self.expected = 0  # records this run will answer
         self._tail_marks: dict[str, float] = {}  # when 90% and 100% were answered
         self._first_answer: float | None = None
+        self.last_work: float | None = None  # the last answer or commit: generation's end
         self._bar: tqdm | None = None
         self._lock = threading.Lock()
 
@@ -61,6 +62,7 @@ class LiveProgress:
             t = self.now()
             if self._first_answer is None:
                 self._first_answer = t
+            self.last_work = t
             self.shard_times.setdefault(shard, {"started_s": t})
             if self._bar is not None:
                 self._bar.update(1)
@@ -86,6 +88,7 @@ class LiveProgress:
             t = self.now()
             times = self.shard_times.setdefault(shard, {"started_s": t})
             times.update(finished_s=t, seconds=t - times["started_s"], records=records)
+            self.last_work = t
 
     def projection(self, t: float, totals: RunTotals) -> dict[str, float] | None:
         """Rates so far and where they lead, or None before there is a rate."""

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -31,13 +31,15 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
-from nightshift.running.feed import RequestFeed
+from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
+from nightshift.running.shardqueue import ShardQueue
 from nightshift.running.totals import RunTotals
 
 log = logging.getLogger(__name__)
 FAIL_FAST_RECORDS = 50
+IDLE_WAIT_S = 0.05  # with nothing in flight, how long the feed waits for a shard to come
 
 
 class EngineSource(Protocol):
@@ -104,33 +106,56 @@ class ShardRunner:
         self.attempts: Counter = Counter()
         self.failures: dict[int, str] = {}
         self.committed: list[int] = []
+        self.on_settled: Callable[[int], None] | None = None  # a shard committed or failed
+        self._rerun: list[int] = []  # shards ``run`` tries again (retry_in_place)
 
     def run(self, todo: list[int], engines: EngineSource) -> None:
-        """Run ``todo`` to commit, retrying shards whose engine died or that were left
-        with records unanswered."""
-        for shard in todo:
-            self.failures.pop(shard, None)  # a caller's retry starts it afresh
+        """Run ``todo`` to commit on one engine, retrying in place (``retry_in_place``)
+        shards whose engine died or that were left with records unanswered."""
         while todo:
-            work = {s: self._resume(s) for s in todo}
-            for w in [w for w in work.values() if w.remaining == 0]:
-                self._finish(w)  # every record already checkpointed: commit, no engine
-                del work[w.shard]
+            self._rerun = []
+            self.feed_shards(ShardQueue(todo, closed=True), engines)
+            todo = self._rerun
+
+    def feed_shards(self, queue: ShardQueue, engines: EngineSource) -> None:
+        """Feed the shards ``queue`` hands out to one engine without a break between
+        them, until it is closed and every shard taken is settled: committed, failed
+        (``failures``) or, with ``retry_in_place``, left to ``run`` to try again. An
+        engine that dies is replaced and the shards it did not fail are fed again."""
+        work: dict[int, ShardWork] = {}
+        while True:
+            self._take_shards(queue, work, feed=None, wait=None)
             if not work:
-                return
+                return  # closed, and every shard settled
             feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
-            skip = {s: w.done_ids for s, w in work.items() if w.done_ids}
             try:
-                requests = feed.requests(sorted(work), skip)  # encoding starts now, not later
+                for w in work.values():
+                    feed.add(w.shard, w.done_ids)  # encoding starts now, not later
                 engine = engines.acquire()
                 try:
-                    self._generate(engine, feed, requests, work)
+                    self._generate(engine, feed, queue, work)
+                    return
                 except EngineFatalError as exc:
                     engines.discard(engine)
-                    todo = self._after_crash(work, exc)
-                    continue
+                    self._after_crash(work, exc, queue)
             finally:
                 feed.close()  # also when the engine never started: no thread, no temp copy
-            todo = self._after_pass(work)
+
+    def _take_shards(
+        self, queue: ShardQueue, work: dict[int, ShardWork], feed: RequestFeed | None, wait
+    ) -> None:
+        """Open the shards the queue has: one already whole commits at once, the others
+        join ``work`` (and ``feed``). With nothing open, ``wait`` for one (None: until
+        one comes or the queue is closed)."""
+        while (shard := queue.take(wait=wait if not work else 0)) is not None:
+            self.failures.pop(shard, None)  # a caller's retry starts it afresh
+            w = self._resume(shard)
+            if w.remaining == 0:
+                self._finish(w)  # every record already checkpointed: commit, no engine
+                continue
+            work[shard] = w
+            if feed is not None:
+                feed.add(shard, w.done_ids)
 
     def records_left(self, todo: list[int]) -> int:
         """Records of ``todo`` not yet checkpointed: what this run will answer."""
@@ -146,39 +171,55 @@ class ShardRunner:
         return work
 
     def _generate(
-        self,
-        engine: Engine,
-        feed: RequestFeed,
-        requests: Iterator[EngineRequest],
-        work: dict[int, ShardWork],
+        self, engine: Engine, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
     ) -> None:
         sampling = sampling_for(self.spec, self.task)
-        stream: Iterator[EngineRequest] | None = requests
-        while stream is not None:
-            for result in engine.run(stream, sampling):
-                self._take(feed, result, work)
-            # Retries queued after the engine took the last request get one more pass.
-            stream = feed.again() if feed.retrying else None
+        for result in engine.run(self._requests(feed, queue, work), sampling):
+            self._take(feed, result, work)
+
+    def _requests(
+        self, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
+    ) -> Iterator[EngineRequest | None]:
+        """The engine's request stream: each shard's records as the shard arrives, None
+        while nothing is ready (the engine steps what it holds and asks again), ending
+        once the queue is finished and every request came back."""
+        while True:
+            self._take_shards(queue, work, feed, wait=0)
+            if queue.finished:
+                feed.close_input()
+            idle = not feed.in_flight
+            request = feed.next_request(wait=IDLE_WAIT_S if idle else 0)
+            for shard in feed.newly_fed():  # all its requests may be back already
+                if shard in work and feed.stuck(shard):
+                    self._unanswered(work.pop(shard))
+            if request is END:
+                if idle:
+                    return
+                request = None
+            yield request
 
     def _take(self, feed: RequestFeed, result: EngineResult, work: dict[int, ShardWork]) -> None:
         """One result: a row of its shard, or nothing when it is no answer."""
-        if result.aborted:
-            feed.answered(result.key)  # no answer: its record stays for the next pass
-            return
         if result.retryable and feed.retry(result.key):
             return
         pending = feed.answered(result.key)
+        w = work[pending.shard]
+        if result.aborted:  # no answer: its record stays unanswered in this attempt
+            if feed.stuck(w.shard) and w.remaining:
+                self._unanswered(work.pop(w.shard))
+            return
         if result.retryable:  # a transient error every time it was sent: a failed row
             result = replace(result, error=f"{result.error}; sent {pending.tries} times")
         row, ok = self.tables.row(pending.record_id, pending.kept, result)
-        w = work[pending.shard]
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
         self.totals.count(row, ok)
         self.progress.answered(w.shard, self.totals)
         self._stop_if_everything_fails(w)
         if w.remaining == 0:
-            self._finish(w)
+            self._finish(work.pop(w.shard))
+        elif feed.stuck(w.shard):
+            self._unanswered(work.pop(w.shard))
         elif self._due(w):
             self._checkpoint(w)
 
@@ -226,48 +267,54 @@ class ShardRunner:
         self.committed.append(w.shard)
         self.progress.shard_done(w.shard, w.planned)
         w.ok, w.failed = [], []
+        self._settled(w.shard)
 
-    def _after_crash(self, work: dict[int, ShardWork], exc: EngineFatalError) -> list[int]:
+    def _settled(self, shard: int) -> None:
+        if self.on_settled is not None:
+            self.on_settled(shard)
+
+    def _fail_or_rerun(self, w: ShardWork, reason: str) -> bool:
+        """Count an attempt of ``w``; True when it may run again here, else it is
+        named failed (and stays resumable from its checkpoints)."""
+        self.attempts[w.shard] += 1
+        if self.retry_in_place and self.attempts[w.shard] < self.spec.run.shard_attempts:
+            return True
+        self.failures[w.shard] = reason
+        self._settled(w.shard)
+        return False
+
+    def _after_crash(
+        self, work: dict[int, ShardWork], exc: EngineFatalError, queue: ShardQueue
+    ) -> None:
         """Checkpoint what the dead engine answered; count an attempt for each shard it
-        was working on (the first unfinished one, if it died before answering any)."""
-        open_work = [w for w in work.values() if w.shard not in self.committed]
-        hit = [w for w in open_work if w.answered_now] or open_work[:1]
-        retry = []
-        for w in open_work:
+        was working on (the first open one, if it died before answering any). The
+        others, and those with attempts left, go back to the front of the queue."""
+        hit = [w for w in work.values() if w.answered_now] or list(work.values())[:1]
+        again = []
+        for w in work.values():
             self._checkpoint(w)
             w.answered_now = 0
-            if w not in hit:
-                retry.append(w.shard)
-                continue
-            self.attempts[w.shard] += 1
-            if not self.retry_in_place or self.attempts[w.shard] >= self.spec.run.shard_attempts:
-                self.failures[w.shard] = str(exc)
-            else:
-                retry.append(w.shard)
-        if self.retry_in_place:
-            log.warning("engine died (%s); retrying shards %s on a fresh engine", exc, retry)
-        return retry
+            if w not in hit or self._fail_or_rerun(w, str(exc)):
+                again.append(w.shard)
+        for shard in reversed(again):
+            queue.put(shard, front=True)
+        work.clear()
+        if again:
+            log.warning("engine died (%s); shards %s go on on a fresh engine", exc, again)
 
-    def _after_pass(self, work: dict[int, ShardWork]) -> list[int]:
-        """After the engine answered all it was going to: a shard with records left
-        unanswered (results that came back aborted are no answers) checkpoints what it
-        has and counts an attempt; it runs again, or is named failed and stays resumable."""
-        retry = []
-        for w in [w for w in work.values() if w.shard not in self.committed]:
-            left = w.remaining
-            self._checkpoint(w)
-            w.answered_now = 0
-            self.attempts[w.shard] += 1
-            if self.retry_in_place and self.attempts[w.shard] < self.spec.run.shard_attempts:
-                retry.append(w.shard)
-            else:
-                self.failures[w.shard] = (
-                    f"{left} record(s) left unanswered (the engine aborted them); "
-                    "they are asked again on the next attempt"
-                )
-        if retry:
-            log.warning("records were left unanswered; asking shards %s again", retry)
-        return retry
+    def _unanswered(self, w: ShardWork) -> None:
+        """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
+        the answers, and run the shard again here or name it failed."""
+        left = w.remaining
+        self._checkpoint(w)
+        w.answered_now = 0
+        reason = (
+            f"{left} record(s) left unanswered (the engine aborted them); "
+            "they are asked again on the next attempt"
+        )
+        if self._fail_or_rerun(w, reason):
+            log.warning("shard %d: %d record(s) left unanswered; asking again", w.shard, left)
+            self._rerun.append(w.shard)
 
     def _stop_if_everything_fails(self, w: ShardWork) -> None:
         """The first records all failing alike means the job is wrong, not the records

@@ -1,0 +1,83 @@
+"""One engine fed from a job's first record to its last, while shards come and go.
+
+Each shard stays the unit of checkpoint, commit and retry, and shows in Prefect as its
+own task run; but no shard task owns the engine. A task ``submit``s its shard and waits
+for it to settle; a feeding thread runs ``ShardRunner.feed_shards`` over every shard
+submitted, so the next shard's records are already in the engine's batch when the
+previous one commits (no drain at shard boundaries). A shard whose engine died, or
+whose records were left unanswered, settles as failed (``ShardAttemptFailed``) and its
+task's retry submits it again; the other shards go on.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+from nightshift.errors import NightshiftError, ShardAttemptFailed
+from nightshift.running.shardqueue import ShardQueue
+from nightshift.running.shards import EngineSource, ShardRunner
+
+
+class FeedingLoop:
+    def __init__(self, runner: ShardRunner, engines: EngineSource) -> None:
+        self.runner, self.engines = runner, engines
+        self.queue = ShardQueue()
+        self.error: BaseException | None = None  # what stopped the loop, for later submits
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        runner.on_settled = self._settled
+
+    def submit(self, shard: int) -> Future:
+        """Feed ``shard`` after those submitted before it; the future gives the shard
+        once committed, or raises why it was not."""
+        future: Future = Future()
+        with self._lock:
+            if self.error is not None:
+                future.set_exception(self.error)
+                return future
+            self._futures[shard] = future
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._feed, name="nightshift-feeding")
+                self._thread.start()
+        self.queue.put(shard)
+        return future
+
+    def run(self, shard: int) -> int:
+        """Submit ``shard`` and wait for it (what a shard task does)."""
+        return self.submit(shard).result()
+
+    def close(self) -> None:
+        """No more shards: the loop ends once those submitted have settled."""
+        self.queue.close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _feed(self) -> None:
+        try:
+            self.runner.feed_shards(self.queue, self.engines)
+        except BaseException as exc:  # a job-level stop (lease lost, all failing): tell all
+            with self._lock:
+                self.error = exc
+        finally:
+            self._fail_unsettled()
+
+    def _settled(self, shard: int) -> None:
+        with self._lock:
+            future = self._futures.pop(shard, None)
+        if future is None:
+            return
+        failure = self.runner.failures.get(shard)
+        if failure is not None:
+            future.set_exception(ShardAttemptFailed(f"shard {shard}: {failure}"))
+        else:
+            future.set_result(shard)
+
+    def _fail_unsettled(self) -> None:
+        with self._lock:
+            left, self._futures = self._futures, {}
+            if self.error is None and left:
+                self.error = NightshiftError(f"the feeding loop ended before {sorted(left)}")
+        for future in left.values():
+            future.set_exception(self.error)
