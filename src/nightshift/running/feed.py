@@ -64,7 +64,7 @@ class RequestFeed:
         )
         kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()
-        positions = records["position"].to_list()
+        positions = records[PlanStore.POSITION].to_list()
         for position, record_id, row in zip(positions, ids, kept, strict=True):
             self.in_flight[position] = (shard, record_id, row)
         return [EngineRequest(p, t) for p, t in zip(positions, token_ids, strict=True)]

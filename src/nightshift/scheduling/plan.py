@@ -28,6 +28,7 @@ from nightshift.io.inputs import (
 )
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.order import cut_shards, level_names, order_records
@@ -88,7 +89,7 @@ def build_plan(
     spec: JobSpec,
     encoder: PromptEncoder,
     progress: bool = True,
-    skip_ids: pl.Series | None = None,
+    skip_ids: KnownIds | None = None,
     first_shard: int = 0,
 ) -> Plan:
     """Plan every input record, except those whose id is in ``skip_ids`` (already
@@ -128,7 +129,7 @@ def _measure_input(
     columns: list[str],
     measurer: RecordMeasurer,
     progress: bool,
-    skip_ids: pl.Series | None,
+    skip: KnownIds | None,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys."""
     hashes, prefixes = level_names(measurer.levels)
@@ -137,14 +138,20 @@ def _measure_input(
     for index in range(len(dataset.files)):
         row = 0
         for batch in file_batches(dataset, index, columns, READ_BATCH):
-            frame = pl.from_arrow(pa.Table.from_batches([batch])).with_columns(
-                pl.lit(index, dtype=pl.UInt32).alias("_file"),
-                pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row"),
+            # The input's columns and the record's place stay in two frames: any input
+            # column name works, `_row` and `_file` included (DESIGN invariant 8).
+            frame = pl.from_arrow(pa.Table.from_batches([batch]))
+            where = pl.DataFrame(
+                {
+                    "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
+                    "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
+                }
             )
-            if skip_ids is not None:  # an increment: a null id was rejected by the first plan
-                frame = frame.filter(~pl.col(columns[0]).is_in(skip_ids.implode()).fill_null(True))
+            if skip is not None:  # an increment: a null id was rejected by the first plan
+                new = ~skip.contains(frame[columns[0]]).fill_null(True)
+                frame, where = frame.filter(new), where.filter(new)
             if frame.height:
-                parts.append(measurer.measure(frame))
+                parts.append(measurer.measure(frame, where))
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()
