@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -78,7 +77,7 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
 
 
 def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
-    dataset = open_input(spec.input.path, exclude=Path(spec.output.path))
+    dataset = open_input(spec.input.path, exclude=spec.output.path)
     needed = job_columns(spec)
     check_columns(dataset, needed)
     check_id_type(dataset, spec.input.id_column)
