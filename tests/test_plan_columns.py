@@ -177,3 +177,22 @@ def test_shard_files_hold_the_input_columns_unchanged_in_run_order(models, tmp_p
         assert frame["rid"].to_list() == keys.sort("position")["record_id"].to_list()
         expected = inputs.join(frame.select("rid"), on="rid", maintain_order="right")
         assert frame.select(inputs.columns).equals(expected.select(inputs.columns))
+
+
+def test_the_one_reserved_name_is_refused_before_planning(models, tmp_path):
+    from nightshift.errors import SpecError
+    from nightshift.io.planstore import POSITION
+
+    root = write_records(tmp_path / "in" / "a.parquet", [{"rid": "r", POSITION: "x", "body": "b"}])
+    spec = spec_dict(
+        models["chat"],
+        root,
+        tmp_path / "out",
+        input={"path": str(root), "id_column": "rid", "keep_columns": [POSITION]},
+        prompt={"template": "{body}"},
+        task={"kind": "generate"},
+    )
+    with pytest.raises(SpecError, match=POSITION) as caught:
+        run_job(validate_spec(spec), engine=FakeEngine(), progress=False)
+    assert caught.value.key == "input.keep_columns"
+    assert not (tmp_path / "out" / "plan" / "plan.json").exists()

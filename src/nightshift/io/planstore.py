@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from nightshift.errors import InputError, ObjectNotFound
+from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.objectstore import ObjectStore
@@ -67,7 +67,8 @@ class Plan(Protocol):
 
 PLAN_DIR = "plan"
 # A shard file's one column of nightshift's own, after the input's columns: each record's
-# place in the plan's run order. The name is reserved: no other input name is.
+# place in the plan's run order. The one input column name a job may not use
+# (``scheduling.plan.open_job_input`` says so); every other name works.
 POSITION = "__nightshift_position__"
 MANIFEST = f"{PLAN_DIR}/plan.json"
 REJECTS = "rejects.parquet"
@@ -170,11 +171,6 @@ def _copy_shard_inputs(plan: Plan, root: Path) -> None:
     """Each shard's input columns in run order, and the rejects' in input order. The
     input's frames never take a plan column: records are picked by row number, so every
     input column name works, ``position``, ``shard`` and ``_row`` included."""
-    if POSITION in plan.columns:
-        raise InputError(
-            f"input column {POSITION!r} has a name nightshift reserves for its own use; "
-            "rename it or leave it out of the job"
-        )
     pieces = root / ".pieces"
     targets = plan.records.select("_file", "_row", "shard")
     held = plan.rejects.select("_file", "_row")

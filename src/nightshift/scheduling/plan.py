@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 from tqdm.auto import tqdm
 
 from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import SpecError
 from nightshift.io.inputs import (
     READ_BATCH,
     check_columns,
@@ -25,6 +26,7 @@ from nightshift.io.inputs import (
     file_batches,
     open_input,
 )
+from nightshift.io.planstore import POSITION
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.known import KnownIds
@@ -80,6 +82,12 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
     dataset = open_input(spec.input.path, exclude=spec.output.path)
     needed = job_columns(spec)
     check_columns(dataset, needed)
+    if POSITION in needed:
+        raise SpecError(
+            needed[POSITION],
+            f"column {POSITION!r} has the one name nightshift reserves for itself",
+            "rename it in the input or leave it out of the job",
+        )
     check_id_type(dataset, spec.input.id_column)
     return dataset, list(needed)
 
