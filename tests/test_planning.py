@@ -15,6 +15,7 @@ import pytest
 from nightshift.engines.fake import FakeEngine
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
+from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.plan import build_plan, load_encoder
 from nightshift.scheduling.prompts import PromptTemplate
 
@@ -180,3 +181,61 @@ def test_plan_prints_reuse_for_planned_and_input_order(models, questions_input, 
     reuse = summary["prefix_reuse"]
     assert reuse["predicted"] > reuse["input_order"]
     assert summary["shards"]["count"] == 1 and summary["records"]["runnable"] == 30
+
+
+def test_known_ids_match_exactly_and_leave_null_ids_unknown():
+    known = KnownIds(pl.Series(["b", "d", None, "a", "d"]))
+    asked = pl.Series(["a", "c", None, "z", "d", "", "aa"])
+    assert known.contains(asked).to_list() == [True, False, None, False, True, False, False]
+    numbers = KnownIds(pl.Series([30, 10, 20]))
+    assert numbers.contains(pl.Series([0, 10, 25, 99, None])).to_list() == [
+        False,
+        True,
+        False,
+        False,
+        None,
+    ]
+    assert KnownIds(pl.Series([], dtype=pl.Int64)).contains(pl.Series([1])).to_list() == [False]
+
+
+def test_an_increment_plans_exactly_the_new_ids(models, tmp_path):
+    """Integer ids over several files and batches: a second night with new ids spread
+    over old and new files, an id already answered and a null id plans only the new."""
+    root, out = tmp_path / "in", tmp_path / "out"
+
+    def rows(ids):
+        return [
+            {"n": i, "body": f"note {i} " + "word " * (i % 5) if i is not None else "x"}
+            for i in ids
+        ]
+
+    write_records(root / "a.parquet", rows(range(0, 40, 2)))
+    write_records(root / "b.parquet", rows([*range(1, 40, 2), None]))
+    spec = validate_spec(
+        spec_dict(
+            models["chat"],
+            root,
+            out,
+            input={"path": str(root), "id_column": "n"},
+            prompt={"template": "Summarise: {body}"},
+            task={"kind": "generate"},
+            plan={"shard_records": 7},
+        )
+    )
+    first = run_job(spec, engine=FakeEngine(), progress=False)
+    assert first.report["records"] == {
+        "input": 41,
+        "ok": 40,
+        "rejected": 1,
+        "failed": 0,
+        "not_yet_run": 0,
+    }
+    write_records(root / "a.parquet", rows([*range(0, 40, 2), 100, 102]))
+    write_records(root / "c.parquet", rows([101, 5, None, 103, 104]))
+    engine = FakeEngine()
+    second = run_job(spec, engine=engine, progress=False)
+    assert second.report["this_run"]["records_answered"] == 5
+    planned = pl.read_parquet(out / "plan" / "records-0001.parquet")
+    assert sorted(planned["record_id"].to_list()) == [100, 101, 102, 103, 104]
+    results = pl.read_parquet(sorted((out / "results").glob("*.parquet")))
+    assert sorted(results["n"].to_list()) == [*range(40), 100, 101, 102, 103, 104]

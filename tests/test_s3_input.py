@@ -67,3 +67,51 @@ def test_missing_s3_prefix_names_the_key(s3, models, tmp_path):
     with pytest.raises(SpecError, match="matches no Parquet files") as caught:
         run_job(spec, engine=FakeEngine(), progress=False)
     assert caught.value.key == "input.path"
+
+
+@pytest.mark.parametrize(
+    ("path", "exclude", "kept"),
+    [
+        ("s3://b/data", "s3://b/data/out", ["b/data/a.parquet", "b/data/outgoing/c.parquet"]),
+        ("s3://b/data", "s3://b/data/out/", ["b/data/a.parquet", "b/data/outgoing/c.parquet"]),
+        ("s3://b/data", "s3://other/data/out", None),  # another bucket: nothing is excluded
+        ("s3://b/data", "/tmp/b/data/out", None),  # a local output: nothing is excluded
+        ("s3://b/data", None, None),
+    ],
+)
+def test_the_output_prefix_is_left_out_of_an_s3_input(path, exclude, kept):
+    from nightshift.io.inputs import outside
+
+    files = [
+        "b/data/a.parquet",
+        "b/data/out/results/shard-00000-x.parquet",
+        "b/data/out/plan/shards/shard-00000.parquet",
+        "b/data/outgoing/c.parquet",
+    ]
+    assert outside(files, path, exclude) == (files if kept is None else kept)
+
+
+def test_the_output_directory_is_left_out_of_a_local_input(tmp_path):
+    from nightshift.io.inputs import outside
+
+    files = [str(tmp_path / n) for n in ("a.parquet", "out/r.parquet", "outgoing/c.parquet")]
+    kept = [files[0], files[2]]
+    assert outside(files, str(tmp_path), str(tmp_path / "out")) == kept
+    assert outside(files, str(tmp_path), str(tmp_path / "out") + "/") == kept
+    assert outside(files, str(tmp_path), "s3://b/out") == files
+
+
+def test_a_job_whose_output_is_under_its_s3_input_runs_night_after_night(s3, models):
+    """The output sits inside the input prefix: its own Parquet files are never input."""
+    rows = [{"ticket_id": f"t{i}", "subject": "s", "body": f"body {i}"} for i in range(12)]
+    upload(s3, "data/a.parquet", rows[:8])
+    upload(s3, "data/outgoing/c.parquet", rows[8:])  # shares the output's name's start
+    spec = validate_spec(spec_dict(models["chat"], "s3://tickets/data", "s3://tickets/data/out"))
+    first = run_job(spec, engine=FakeEngine(), progress=False)
+    assert first.report["records"]["ok"] == 12
+    upload(s3, "data/b.parquet", [{"ticket_id": "t99", "subject": "s", "body": "new"}])
+    second = run_job(spec, engine=FakeEngine(), progress=False)
+    assert second.report["this_run"]["records_answered"] == 1
+    assert second.report["records"]["input"] == 13
+    third = run_job(spec, engine=FakeEngine(), progress=False)
+    assert third.report["this_run"]["records_answered"] == 0

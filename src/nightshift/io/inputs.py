@@ -38,22 +38,37 @@ def filesystem_for(path: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(Path(path).absolute())
 
 
-def input_files(path: str, exclude: Path | None = None) -> tuple[pafs.FileSystem, list[str]]:
+def input_files(path: str, exclude: str | None = None) -> tuple[pafs.FileSystem, list[str]]:
     """Every Parquet file ``input.path`` names, sorted so the order is reproducible.
 
-    Files under ``exclude`` (the job's own output) are never read as input.
+    Files under ``exclude`` (the job's own output, local or ``s3://``) are never read as
+    input, so an input that contains the output does not read the job's own files.
     """
     fs, inner = filesystem_for(path)
     try:
         files = _find(fs, inner, path)
     except OSError as exc:
         raise InputError(f"input.path: cannot list {path}: {exc}") from None
-    if exclude is not None and isinstance(fs, pafs.LocalFileSystem):
-        skip = str(exclude.absolute()) + os.sep
-        files = [f for f in files if not str(Path(f).absolute()).startswith(skip)]
+    files = outside(files, path, exclude)
     if not files:
         raise SpecError("input.path", f"{path} matches no Parquet files", "check the path or glob")
     return fs, sorted(files)
+
+
+def outside(files: list[str], path: str, exclude: str | None) -> list[str]:
+    """``files`` (as the filesystem of ``path`` names them: local paths, or
+    ``bucket/key`` on S3) less those inside the directory or prefix ``exclude``.
+
+    Only whole path parts count: ``s3://b/data/out`` excludes ``b/data/out/x.parquet``
+    but not ``b/data/outgoing/x.parquet``.
+    """
+    if exclude is None or path.startswith("s3://") != exclude.startswith("s3://"):
+        return files  # input and output on different stores: nothing to exclude
+    if exclude.startswith("s3://"):
+        under = exclude.removeprefix("s3://").rstrip("/") + "/"
+        return [f for f in files if not f.startswith(under)]
+    under = os.path.join(os.path.abspath(exclude), "")
+    return [f for f in files if not os.path.abspath(f).startswith(under)]
 
 
 def _find(fs: pafs.FileSystem, inner: str, path: str) -> list[str]:
@@ -80,7 +95,7 @@ def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
     return [f.path for f in found if f.is_file and fnmatch.fnmatch(f.path, pattern)]
 
 
-def open_input(path: str, exclude: Path | None = None) -> ds.Dataset:
+def open_input(path: str, exclude: str | None = None) -> ds.Dataset:
     fs, files = input_files(path, exclude)
     schemas = []
     for file in files:

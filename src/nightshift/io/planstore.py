@@ -4,8 +4,10 @@ Layout (the output may be a local directory or an S3 prefix)::
 
     OUTPUT/plan/records.parquet          every runnable record in run order: position,
                                          shard, record_id, file and row, tokens
-    OUTPUT/plan/shards/shard-00000.parquet  a shard's input columns, in run order
-    OUTPUT/rejects.parquet               records that cannot run: input columns, reason
+    OUTPUT/plan/shards/shard-00000.parquet  a shard's input columns, in run order, and
+                                         POSITION (each record's place in that order)
+    OUTPUT/rejects.parquet               records that cannot run: input columns, reason,
+                                         reject_kind (see ``reject_column_names``)
     OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse, the
                                          input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
@@ -20,6 +22,10 @@ per shard instead of scanning every input file for its records, and the shard's
 membership can never change under a running job. The copy is a second streaming pass:
 each input file's records are routed to per-shard pieces, then each shard's pieces are
 sorted into run order; memory holds one input batch or one shard at a time.
+
+The input's columns never share a frame with the plan's keys (``_file``, ``_row``,
+``position``, ``shard``, ...): records are picked out of input batches by row number, so
+any input column name works (DESIGN invariant 8).
 """
 
 from __future__ import annotations
@@ -58,13 +64,20 @@ class Plan(Protocol):
     @property
     def shards(self) -> list[int]: ...
 
+
 PLAN_DIR = "plan"
+# A shard file's one column of nightshift's own, after the input's columns: each record's
+# place in the plan's run order. The one input column name a job may not use
+# (``scheduling.plan.open_job_input`` says so); every other name works.
+POSITION = "__nightshift_position__"
 MANIFEST = f"{PLAN_DIR}/plan.json"
 REJECTS = "rejects.parquet"
 
 
 class PlanStore:
     """A job's plan in its output: ``write`` it once, then read shards from it."""
+
+    POSITION = POSITION  # the column of a shard file that is not an input column
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -139,39 +152,61 @@ def _encode_schema(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
+def reject_column_names(columns: list[str]) -> tuple[str, str]:
+    """rejects.parquet's own columns, ``reason`` and ``reject_kind``, beside the input
+    columns ``columns``. Where the job uses an input column of that name, the input column
+    keeps it and nightshift's takes a ``nightshift_`` prefix (``_`` added until it is free),
+    so no input column is ever overwritten or dropped."""
+    names = []
+    for name in ("reason", "reject_kind"):
+        if name in columns:
+            name = f"nightshift_{name}"
+        while name in columns:
+            name = f"_{name}"
+        names.append(name)
+    return names[0], names[1]
+
+
 def _copy_shard_inputs(plan: Plan, root: Path) -> None:
+    """Each shard's input columns in run order, and the rejects' in input order. The
+    input's frames never take a plan column: records are picked by row number, so every
+    input column name works, ``position``, ``shard`` and ``_row`` included."""
     pieces = root / ".pieces"
-    targets = plan.records.select("_file", "_row", "position", "shard")
-    rejects = plan.rejects.select("_file", "_row", "reason", "reject_kind")
+    targets = plan.records.select("_file", "_row", "shard")
+    held = plan.rejects.select("_file", "_row")
     for index in range(len(plan.dataset.files)):
-        _route_file(plan, index, targets, rejects, pieces)
+        _route_file(plan, index, targets, held, pieces)
     for shard in plan.shards:
-        found = sorted((pieces / f"{shard:05d}").glob("*.parquet"))
-        frame = pl.read_parquet(found).sort("position").drop("shard")
-        frame.write_parquet(root / _shard_file(shard))
+        _write_shard(plan, shard, sorted((pieces / f"{shard:05d}").glob("*.parquet")), root)
     _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
     shutil.rmtree(pieces, ignore_errors=True)
 
 
 def _route_file(
-    plan: Plan, index: int, targets: pl.DataFrame, rejects: pl.DataFrame, pieces: Path
+    plan: Plan, index: int, targets: pl.DataFrame, held: pl.DataFrame, pieces: Path
 ) -> None:
-    """Send each record of input file ``index`` to its shard's pieces, or to rejects."""
-    mine = targets.filter(pl.col("_file") == index).drop("_file")
-    held = rejects.filter(pl.col("_file") == index).drop("_file")
+    """Send each record of input file ``index`` to its shard's pieces, or to rejects.
+    Pieces keep input row order, so a shard's pieces read back in (file, row) order."""
+    mine = targets.filter(pl.col("_file") == index).sort("_row")
+    aside = held.filter(pl.col("_file") == index).sort("_row")
     row = 0
     for batch_no, batch in enumerate(file_batches(plan.dataset, index, plan.columns, READ_BATCH)):
-        frame = pl.from_arrow(pa.Table.from_batches([batch])).with_columns(
-            pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row")
-        )
-        row += batch.num_rows
-        name = f"{index:05d}-{batch_no:05d}.parquet"
-        routed = frame.join(mine, on="_row", how="inner").drop("_row")
-        for (shard,), part in routed.partition_by("shard", as_dict=True).items():
-            _write_piece(part, pieces / f"{shard:05d}" / name)
-        set_aside = frame.join(held, on="_row", how="inner", maintain_order="left")
-        if set_aside.height:
-            _write_piece(set_aside, pieces / "rejects" / name)
+        frame = pl.from_arrow(pa.Table.from_batches([batch]))
+        end, name = row + batch.num_rows, f"{index:05d}-{batch_no:05d}.parquet"
+        here = _rows_between(mine, row, end)
+        local = here.select((pl.col("_row") - row).alias("i"), "shard")
+        for (shard,), part in local.partition_by("shard", as_dict=True).items():
+            _write_piece(frame[part["i"]], pieces / f"{shard:05d}" / name)
+        set_aside = _rows_between(aside, row, end)["_row"] - row
+        if set_aside.len():
+            _write_piece(frame[set_aside], pieces / "rejects" / name)
+        row = end
+
+
+def _rows_between(keys: pl.DataFrame, start: int, end: int) -> pl.DataFrame:
+    """The rows of ``keys`` (sorted by ``_row``) whose ``_row`` is in [start, end)."""
+    lo, hi = keys["_row"].search_sorted(pl.Series([start, end], dtype=pl.UInt32)).to_list()
+    return keys.slice(lo, hi - lo)
 
 
 def _write_piece(frame: pl.DataFrame, path: Path) -> None:
@@ -179,15 +214,27 @@ def _write_piece(frame: pl.DataFrame, path: Path) -> None:
     frame.write_parquet(path)
 
 
+def _write_shard(plan: Plan, shard: int, found: list[Path], root: Path) -> None:
+    """A shard's input columns in run order, and its records' plan positions."""
+    keys = plan.records.filter(pl.col("shard") == shard).select("_file", "_row", "position")
+    positions = keys.sort("_file", "_row")["position"]  # the pieces' order
+    frame = pl.read_parquet(found)[positions.arg_sort()]
+    frame = frame.with_columns(positions.sort().alias(POSITION))
+    frame.write_parquet(root / _shard_file(shard))
+
+
 def _write_rejects(plan: Plan, found: list[Path], root: Path) -> None:
-    """All rejects in input order, with the input columns the job used."""
+    """All rejects in input order, with the input columns the job used, then their reason
+    and kind (under the names ``reject_column_names`` gives)."""
+    reason, kind = reject_column_names(plan.columns)
     schema = pa.schema(
-        list(plan.input_schema)
-        + [pa.field("reason", pa.string()), pa.field("reject_kind", pa.string())]
+        list(plan.input_schema) + [pa.field(reason, pa.string()), pa.field(kind, pa.string())]
     )
-    if found:
-        table = pl.read_parquet(found).drop("_row").to_arrow()  # pieces are in input order
-        table = table.select(schema.names).cast(schema)
-    else:
-        table = schema.empty_table()
-    pq.write_table(table, root / REJECTS)
+    if not found:
+        pq.write_table(schema.empty_table(), root / REJECTS)
+        return
+    why = plan.rejects.sort("_file", "_row").select(
+        pl.col("reason").alias(reason), pl.col("reject_kind").alias(kind)
+    )
+    table = pl.concat([pl.read_parquet(found), why], how="horizontal").to_arrow()
+    pq.write_table(table.select(schema.names).cast(schema), root / REJECTS)

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nightshift.capacity.settings import CapacitySpec
 
-# Columns nightshift adds to rejects.parquet beside the input columns the job used.
-REJECT_COLUMNS = frozenset({"reason", "reject_kind"})
-# Columns nightshift writes itself; a kept input column may not take one of these names.
+# Columns nightshift writes itself into results and failed rows; a kept input column may
+# not take one of these names. (rejects.parquet names its own columns around the input's:
+# io.planstore.reject_column_names.)
 OUTPUT_COLUMNS = frozenset(
     {
         "text",
@@ -27,8 +27,6 @@ OUTPUT_COLUMNS = frozenset(
         "output_tokens",
         "cached_tokens",
         "error",
-        "reason",
-        "reject_kind",
     }
 )
 
@@ -91,9 +89,6 @@ class PromptSpec(_Section):
         fields = template_fields(template)
         if not fields:
             raise ValueError("names no {column}: every record would get the same prompt")
-        clash = sorted(set(fields) & REJECT_COLUMNS)
-        if clash:
-            raise ValueError(f"{', '.join(clash)} is also a column of rejects.parquet; rename it")
         return template
 
 

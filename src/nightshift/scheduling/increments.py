@@ -24,6 +24,7 @@ from nightshift.errors import InputError
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.planstore import REJECTS, PlanStore, increment_files, input_schema
 from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.plan import build_plan, describe, open_job_input
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def add_new_records(
 ) -> dict[str, Any]:
     """Plan the input's records that no plan in this output holds yet; return the
     manifest with them added (or unchanged, when there are none)."""
-    known = planned_ids(plans, manifest, spec.input.id_column)
+    known = KnownIds(planned_ids(plans, manifest, spec.input.id_column))  # built once
     if not _has_new_ids(spec, known):
         return manifest
     first_shard = 1 + max((s["index"] for s in manifest["shards"]["each"]), default=-1)
@@ -63,7 +64,7 @@ def planned_ids(plans: PlanStore, manifest: dict[str, Any], id_column: str) -> p
     return pl.concat([pl.from_arrow(runnable), pl.from_arrow(rejected)]).drop_nulls().unique()
 
 
-def _has_new_ids(spec: JobSpec, known: pl.Series) -> bool:
+def _has_new_ids(spec: JobSpec, known: KnownIds) -> bool:
     """Whether the input holds an id not in ``known``: a pass over the id column only, so
     a night with nothing new costs one cheap read. Records without an id cannot be told
     apart from night to night; the first plan rejected them, later ones skip them."""
@@ -71,7 +72,7 @@ def _has_new_ids(spec: JobSpec, known: pl.Series) -> bool:
     for index in range(len(dataset.files)):
         for batch in file_batches(dataset, index, [columns[0]], READ_BATCH):
             ids = pl.from_arrow(pa.Table.from_batches([batch]))[columns[0]].drop_nulls()
-            if not ids.is_in(known.implode()).all():
+            if not known.contains(ids).all():
                 return True
     return False
 

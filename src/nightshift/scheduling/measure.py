@@ -40,31 +40,32 @@ class RecordMeasurer:
         self.tail: TailEstimate | None = None
         self.exact_records = 0
 
-    def measure(self, batch: pl.DataFrame) -> pl.DataFrame:
-        """Key rows for ``batch`` (which carries ``_file`` and ``_row``)."""
-        missing = self.template.null_fields(batch)
-        batch = batch.with_columns(
-            pl.when(pl.col(self.id_column).is_null())
+    def measure(self, batch: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
+        """Key rows for the input records ``batch``; ``where`` holds their ``_file`` and
+        ``_row``, row for row. The two stay apart so no input column name can meet a key's."""
+        checks = pl.DataFrame(
+            {"no_id": batch[self.id_column].is_null(), "missing": self.template.null_fields(batch)}
+        )
+        verdict = checks.select(
+            pl.when(pl.col("no_id"))
             .then(pl.lit("null_id"))
-            .when(missing.is_not_null())
+            .when(pl.col("missing").is_not_null())
             .then(pl.lit("null_field"))
             .alias("reject_kind"),
-            pl.when(pl.col(self.id_column).is_null())
+            pl.when(pl.col("no_id"))
             .then(pl.lit(f"{self.id_column} is null"))
-            .otherwise(pl.format("field '{}' is null", missing))
+            .otherwise(pl.format("field '{}' is null", "missing"))
             .alias("reason"),
         )
-        runnable = batch.filter(pl.col("reject_kind").is_null())
-        keys = self._keys(runnable) if runnable.height else None
-        held = batch.filter(pl.col("reject_kind").is_not_null())
-        held = held.select(
-            "_file", "_row", pl.col(self.id_column).alias("record_id"), "reject_kind", "reason"
-        )
-        return pl.concat([k for k in (keys, held) if k is not None], how="diagonal_relaxed")
+        held = verdict["reject_kind"].is_not_null()
+        keys = self._keys(batch.filter(~held), where.filter(~held)) if not held.all() else None
+        set_aside = where.with_columns(batch[self.id_column].alias("record_id"), *verdict)
+        set_aside = set_aside.filter(held)
+        return pl.concat([k for k in (keys, set_aside) if k is not None], how="diagonal_relaxed")
 
-    def _keys(self, records: pl.DataFrame) -> pl.DataFrame:
+    def _keys(self, records: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
         segments = self.template.segment_texts(records)
-        keys = records.select("_file", "_row", pl.col(self.id_column).alias("record_id"))
+        keys = where.with_columns(records[self.id_column].alias("record_id"))
         prefix = pl.Series("p0", [self.before] * records.height, dtype=pl.Int64)
         levels, chain = [prefix], None
         for j, texts in enumerate(segments[:-1], start=1):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 
 from nightshift.console import screen
 from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import SpecError
 from nightshift.io.inputs import (
     READ_BATCH,
     check_columns,
@@ -27,8 +27,10 @@ from nightshift.io.inputs import (
     file_batches,
     open_input,
 )
+from nightshift.io.planstore import POSITION
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.order import cut_shards, level_names, order_records
@@ -78,9 +80,15 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
 
 
 def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
-    dataset = open_input(spec.input.path, exclude=Path(spec.output.path))
+    dataset = open_input(spec.input.path, exclude=spec.output.path)
     needed = job_columns(spec)
     check_columns(dataset, needed)
+    if POSITION in needed:
+        raise SpecError(
+            needed[POSITION],
+            f"column {POSITION!r} has the one name nightshift reserves for itself",
+            "rename it in the input or leave it out of the job",
+        )
     check_id_type(dataset, spec.input.id_column)
     return dataset, list(needed)
 
@@ -89,7 +97,7 @@ def build_plan(
     spec: JobSpec,
     encoder: PromptEncoder,
     progress: bool = True,
-    skip_ids: pl.Series | None = None,
+    skip_ids: KnownIds | None = None,
     first_shard: int = 0,
 ) -> Plan:
     """Plan every input record, except those whose id is in ``skip_ids`` (already
@@ -129,7 +137,7 @@ def _measure_input(
     columns: list[str],
     measurer: RecordMeasurer,
     progress: bool,
-    skip_ids: pl.Series | None,
+    skip: KnownIds | None,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys."""
     hashes, prefixes = level_names(measurer.levels)
@@ -140,14 +148,20 @@ def _measure_input(
     for index in range(len(dataset.files)):
         row = 0
         for batch in file_batches(dataset, index, columns, READ_BATCH):
-            frame = pl.from_arrow(pa.Table.from_batches([batch])).with_columns(
-                pl.lit(index, dtype=pl.UInt32).alias("_file"),
-                pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32).alias("_row"),
+            # The input's columns and the record's place stay in two frames: any input
+            # column name works, `_row` and `_file` included (DESIGN invariant 8).
+            frame = pl.from_arrow(pa.Table.from_batches([batch]))
+            where = pl.DataFrame(
+                {
+                    "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
+                    "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
+                }
             )
-            if skip_ids is not None:  # an increment: a null id was rejected by the first plan
-                frame = frame.filter(~pl.col(columns[0]).is_in(skip_ids.implode()).fill_null(True))
+            if skip is not None:  # an increment: a null id was rejected by the first plan
+                new = ~skip.contains(frame[columns[0]]).fill_null(True)
+                frame, where = frame.filter(new), where.filter(new)
             if frame.height:
-                parts.append(measurer.measure(frame))
+                parts.append(measurer.measure(frame, where))
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()
