@@ -18,8 +18,8 @@ The protocol, for a crash at any instant:
   marker wins and the loser deletes its files. Object stores have no rename; the marker
   decides which attempt's files count.
 * Readers, ``status`` and resume trust markers and progress files only, never a listing.
-  Listings are used for one thing: deleting files no marker names (losers and the
-  leftovers of attempts that died between data and marker).
+  Listings are used for one thing: deleting files a marker has made dead (losers, and
+  the leftovers of attempts that died between data and marker once their shard commits).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from nightshift.io.objectstore import ObjectStore
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
-DATA_FILE = re.compile(r"^(results|failed)/shard-\d{5}-[0-9a-f]+\.parquet$")
+DATA_FILE = re.compile(r"^(results|failed)/shard-(?P<shard>\d{5})-(?P<attempt>[0-9a-f]+)\.parquet$")
+
+MARKER_FILE = re.compile(rf"^{COMMITTED}/shard-\d{{5}}\.json$")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class ShardStore:
         """Every commit marker, by shard."""
         markers = {}
         for key in self.store.list(f"{COMMITTED}/"):
-            if key.endswith(".json"):
+            if MARKER_FILE.match(key):  # a user's committed/notes.json is no marker
                 marker = json.loads(self.store.get_bytes(key))
                 markers[marker["shard"]] = marker
         return markers
@@ -129,10 +131,33 @@ class ShardStore:
         """Delete a committed shard's checkpoints (the marker names its data now)."""
         self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
 
-    def delete_unnamed(self, markers: dict[int, dict[str, Any]]) -> int:
-        """Delete result and failure files no marker names; returns how many."""
-        named = {f["key"] for m in markers.values() for f in m["files"]}
-        stale = [key for key in self.data_files() if key not in named]
+    def marker(self, shard: int) -> dict[str, Any] | None:
+        """The shard's commit marker, or None while it is uncommitted (one read)."""
+        try:
+            return json.loads(self.store.get_bytes(self.marker_key(shard)))
+        except ObjectNotFound:
+            return None
+
+    def delete_unnamed(self, attempt: str | None = None) -> int:
+        """Delete result and failure files that are provably dead; returns how many.
+
+        A file is dead when its shard's marker exists and names other files: markers are
+        created once and never replaced, so that file's attempt lost (or will lose its
+        race). A file of a shard without a marker may belong to an attempt elsewhere that
+        is between its data and its marker: it is kept, unless it is ``attempt``'s own
+        (this run, which has finished its shards). Markers are read after the listing, so
+        a marker created meanwhile protects its files."""
+        listed = [(key, DATA_FILE.match(key)) for key in self.data_files()]
+        markers = {int(m["shard"]): self.marker(int(m["shard"])) for _, m in listed}
+        stale = []
+        for key, match in listed:
+            marker = markers[int(match["shard"])]
+            if marker is None:
+                dead = match["attempt"] == attempt
+            else:
+                dead = key not in {f["key"] for f in marker["files"]}
+            if dead:
+                stale.append(key)
         self.store.delete(stale)
         return len(stale)
 

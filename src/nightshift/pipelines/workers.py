@@ -61,30 +61,36 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
 
 
 def claim_and_run(job: JobRun, engines: EnginePool, leases: ShardLeases) -> list[int]:
-    """The worker loop: the shards this worker committed, in order."""
-    given_up: set[int] = set()
+    """The worker loop: the shards this worker committed, in order.
+
+    Each shard's marker is read on its own, and a shard seen committed is never looked
+    at again: a worker costs the store a few reads per shard, not a read of every
+    marker per shard (on S3, millions of GETs for a few thousand shards)."""
+    settled: set[int] = set()  # committed (here or elsewhere), or given up here
     done: list[int] = []
     while True:
-        left = _uncommitted(job, given_up)
+        left = [s for s in job.todo if s not in settled]
         if not left:
             return done
-        lease = _claim_first(leases, left)
-        if lease is None:  # every shard left is leased by a live worker: wait, one may die
-            time.sleep(IDLE_POLL_S)
+        lease = _claim_first(job, leases, left, settled)
+        if lease is None:
+            if any(s not in settled for s in left):  # leased by live workers: one may die
+                time.sleep(IDLE_POLL_S)
             continue
         if _run_claimed(job, engines, leases, lease):
             done.append(lease.shard)
-        else:
-            given_up.add(lease.shard)
+        settled.add(lease.shard)
 
 
-def _uncommitted(job: JobRun, given_up: set[int]) -> list[int]:
-    committed = job.output.shards.committed()
-    return [s for s in job.todo if s not in committed and s not in given_up]
-
-
-def _claim_first(leases: ShardLeases, shards: list[int]) -> Lease | None:
-    for shard in shards:  # plan order: the longest prompts first
+def _claim_first(
+    job: JobRun, leases: ShardLeases, shards: list[int], settled: set[int]
+) -> Lease | None:
+    """Claim the first free uncommitted shard (plan order: the longest prompts first);
+    the committed ones met on the way join ``settled``."""
+    for shard in shards:
+        if job.output.shards.marker(shard) is not None:
+            settled.add(shard)
+            continue
         lease = leases.claim(shard)
         if lease is not None:
             return lease
@@ -92,14 +98,16 @@ def _claim_first(leases: ShardLeases, shards: list[int]) -> Lease | None:
 
 
 def _run_claimed(job: JobRun, engines: EnginePool, leases: ShardLeases, lease: Lease) -> bool:
-    """Run a claimed shard; True when it committed. A shard whose attempts ran out here
-    is released for other workers; one taken over by another worker is left to it."""
+    """Run a claimed shard; True when it committed here. A shard whose attempts ran out
+    here is released for other workers; one taken over by another worker is left to it."""
     shard = lease.shard
+    if job.output.shards.marker(shard) is not None:  # committed just before the claim
+        leases.forget(shard)
+        return False
     with LeaseKeeper(leases, lease) as keeper:
         job.runner.lease_lost = keeper.lost
         try:
-            if shard not in job.output.shards.committed():  # committed since the listing
-                shard_task_for(job.spec)(job, shard, engines)
+            shard_task_for(job.spec)(job, shard, engines)
         except LeaseLostError:
             log.warning("shard %d was taken over by another worker; moving on", shard)
             return False
