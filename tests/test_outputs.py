@@ -196,3 +196,15 @@ def test_clean_up_deletes_only_files_a_marker_made_dead(tmp_path):
         "results/shard-00000-aaaa0001.parquet",
         "results/shard-00001-cccc0003.parquet",
     ]
+
+
+def test_a_plan_is_not_written_among_user_files(fake_job, tmp_path):
+    from nightshift.errors import OutputExistsError
+    from nightshift.scheduling.dryrun import plan_summary
+
+    _, data = fake_job
+    mine = {"rejects.parquet": b"my rejects", "plan/roadmap.txt": b"mine"}
+    plant(tmp_path / "out", mine)
+    with pytest.raises(OutputExistsError, match="not a nightshift run"):
+        plan_summary(validate_spec(data), write=True)
+    assert_intact(tmp_path / "out", mine)

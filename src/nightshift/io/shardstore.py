@@ -43,7 +43,6 @@ from nightshift.io.objectstore import ObjectStore
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
 DATA_FILE = re.compile(r"^(results|failed)/shard-(?P<shard>\d{5})-(?P<attempt>[0-9a-f]+)\.parquet$")
-
 MARKER_FILE = re.compile(rf"^{COMMITTED}/shard-\d{{5}}\.json$")
 
 
@@ -147,17 +146,17 @@ class ShardStore:
         is between its data and its marker: it is kept, unless it is ``attempt``'s own
         (this run, which has finished its shards). Markers are read after the listing, so
         a marker created meanwhile protects its files."""
-        listed = [(key, DATA_FILE.match(key)) for key in self.data_files()]
-        markers = {int(m["shard"]): self.marker(int(m["shard"])) for _, m in listed}
+        listed = [DATA_FILE.match(key) for key in self.data_files()]
+        markers = {s: self.marker(s) for s in {int(m["shard"]) for m in listed}}
+        named = {f["key"] for m in markers.values() if m for f in m["files"]}
         stale = []
-        for key, match in listed:
-            marker = markers[int(match["shard"])]
-            if marker is None:
-                dead = match["attempt"] == attempt
+        for m in listed:
+            if markers[int(m["shard"])] is None:
+                dead = m["attempt"] == attempt  # this run will commit nothing more
             else:
-                dead = key not in {f["key"] for f in marker["files"]}
+                dead = m.string not in named
             if dead:
-                stale.append(key)
+                stale.append(m.string)
         self.store.delete(stale)
         return len(stale)
 
