@@ -210,7 +210,7 @@ def test_export_writes_one_parquet_of_the_committed_records(job, tmp_path):
 def test_an_older_run_without_a_plan_is_not_mixed(job, tmp_path):
     _, spec, _ = job
     (tmp_path / "out" / "results").mkdir(parents=True)
-    (tmp_path / "out" / "report.json").write_text("{}")
+    (tmp_path / "out" / "report.json").write_text('{"job": "test-job", "records": {}}')
     with pytest.raises(OutputExistsError, match="--overwrite"):
         run_job(validate_spec(spec), progress=False)
     run_job(validate_spec(spec), progress=False, overwrite=True)

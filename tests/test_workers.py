@@ -190,3 +190,57 @@ def test_a_worker_takes_over_a_shard_once_a_dead_workers_lease_expires(
     [figures] = [json.loads(output.store.get_bytes(k)) for k in output.store.list("_work/workers/")]
     assert 0 in figures["committed"]  # taken over from the dead worker
     assert figures["committed"][-1] == 0  # after every shard that was free
+
+
+def _worker_reads(models, tmp_path, shards: int) -> int:
+    """Store reads (GETs: reads of whole objects and downloads) of one in-process worker
+    running a planned job of ``shards`` shards to the end on the fake engine."""
+    from nightshift.engines.fake import FakeEngine
+    from nightshift.io.leases import ShardLeases
+    from nightshift.io.objectstore import LocalStore
+    from nightshift.jobs.loading import validate_spec
+    from nightshift.pipelines.workers import claim_and_run
+    from nightshift.running.engines import EnginePool
+    from nightshift.running.runner import start_run as take_up_plan
+    from nightshift.scheduling.dryrun import plan_summary
+
+    root = tmp_path / f"n{shards}"
+    rows = [{"ticket_id": f"t{i:03d}", "subject": "s", "body": "a body"} for i in range(4 * shards)]
+    write_records(root / "in" / "a.parquet", rows)
+    data = spec_dict(
+        models["chat"], root / "in", root / "out", plan={"shard_records": 4}, run={"engine": "fake"}
+    )
+    spec = validate_spec(data)
+    plan_summary(spec, write=True)
+    job = take_up_plan(spec, progress=False, retry_in_place=False, as_worker=True)
+    assert len(job.todo) == shards
+    leases = ShardLeases(job.output.store, "counted-worker")
+    engines = EnginePool(spec, FakeEngine())
+    reads = 0
+    get_bytes, download = LocalStore.get_bytes, LocalStore.download
+
+    def counted(method):
+        def read(self, *args, **kwargs):
+            nonlocal reads
+            reads += 1
+            return method(self, *args, **kwargs)
+
+        return read
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalStore, "get_bytes", counted(get_bytes))
+        patch.setattr(LocalStore, "download", counted(download))
+        done = claim_and_run(job, engines, leases)
+    engines.close()
+    assert sorted(done) == sorted(job.todo)
+    assert_exactly_once(str(root / "out"), "ticket_id", [r["ticket_id"] for r in rows])
+    return reads
+
+
+@pytest.mark.filterwarnings("ignore:Logger 'prefect.task_runs' attempted")  # tasks sans flow
+def test_a_workers_store_reads_grow_with_its_shards_not_their_square(models, tmp_path):
+    """A worker reads the claimed shard's own marker, never every marker per shard (on S3
+    that was O(shards²) GETs: about 32M per worker for 4,000 shards)."""
+    small, large = _worker_reads(models, tmp_path, 8), _worker_reads(models, tmp_path, 16)
+    assert small <= 8 * 8 and large <= 8 * 16
+    assert large <= 2.25 * small

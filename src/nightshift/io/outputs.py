@@ -14,25 +14,40 @@ Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
                                   every run into this output
     OUTPUT/report.md, report.png  the same report for people, with its chart
 
-Only the keys under these names are nightshift's: anything else in the output location
-is never read, replaced or deleted.
+Only keys of the exact names nightshift writes (``RUN_KEY``, ``shardstore.DATA_FILE``,
+the rejects files the plan names, report.*) are nightshift's: anything else in the
+output location is never read, replaced or deleted, and a location that holds other
+files but nothing of nightshift's is refused (``refuse_foreign``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError
 from nightshift.io.leases import LEASES
 from nightshift.io.objectstore import ObjectStore, open_store
-from nightshift.io.planstore import PLAN_DIR, REJECTS, PlanStore
-from nightshift.io.shardstore import COMMITTED, WORK, ShardStore
+from nightshift.io.planstore import MANIFEST, PLAN_DIR, REJECTS, PlanStore
+from nightshift.io.shardstore import COMMITTED, DATA_FILE, MARKER_FILE, WORK, ShardStore
 
 REPORT_FILE = "report.json"
 REPORT_PAGE = "report.md"  # the same figures for people, with the chart
 REPORT_CHART = "report.png"
+SHARD = r"shard-\d{5}"
+# The keys nightshift writes in folders of its own: their presence shows a run was here.
+# (A user's report.md or rejects.parquet shows nothing; report.json is checked inside.)
+RUN_KEY = re.compile(
+    rf"""^({PLAN_DIR}/(plan\.json|records(-\d{{4}})?\.parquet|shards/{SHARD}\.parquet)
+    |{COMMITTED}/{SHARD}\.json
+    |{WORK}/({SHARD}/.+|workers/[^/]+\.json)
+    |{LEASES}/{SHARD}/\d{{5}}\.json)$""",
+    re.VERBOSE,
+)
+REJECTS_FILE = re.compile(r"^rejects(-\d{4})?\.parquet$")
+SHOWN_AT_MOST = 5  # foreign keys named in a refusal
 
 
 class JobOutput:
@@ -53,23 +68,53 @@ class JobOutput:
             return None
 
     def holds_a_run(self) -> bool:
-        """Whether an earlier run (finished, partial, or from an older nightshift) is here."""
+        """Whether an earlier run (finished, partial, or from an older nightshift) is here:
+        a plan, a commit marker, a shard's data or nightshift's report.json."""
         return bool(
             self.plans.manifest() is not None
-            or self.store.exists(REPORT_FILE)
-            or self.store.list(f"{COMMITTED}/")
+            or any(MARKER_FILE.match(k) for k in self.store.list(f"{COMMITTED}/"))
             or self.shards.data_files()
+            or self._holds_our_report()
+        )
+
+    def refuse_foreign(self) -> None:
+        """Refuse a location that is not empty yet holds nothing of nightshift's: every
+        file in it is someone else's, and a run would replace some (report.md,
+        rejects.parquet) or, with --overwrite, be asked to delete them."""
+        if self.holds_a_run():  # a resume costs one read of plan.json here
+            return
+        keys = self.store.list("")
+        if not keys or any(RUN_KEY.match(k) for k in keys):  # empty, or a plan cut short
+            return
+        shown = ", ".join(keys[:SHOWN_AT_MOST]) + (", ..." if len(keys) > SHOWN_AT_MOST else "")
+        raise OutputExistsError(
+            f"output.path: {self.location} holds files that are not a nightshift run "
+            f"({shown}); nightshift writes only into an empty location or its own runs, "
+            "and never replaces or deletes other files, not even with --overwrite: "
+            "choose an empty (or new) output.path, or move those files elsewhere"
         )
 
     def clear(self) -> None:
-        """Delete every key nightshift owns here (for --overwrite), markers first, so a
-        reader never sees a marker whose files are gone."""
-        for folder in (COMMITTED, PLAN_DIR, WORK, LEASES):
-            self.store.delete(self.store.list(f"{folder}/"))
+        """Delete the keys nightshift wrote here (for --overwrite), by their names only:
+        markers first, so a reader never sees a marker whose files are gone, and
+        plan.json last, since it names the increments' rejects files."""
         manifest = self.plans.manifest() or {}
-        rejects = manifest.get("rejects_files", [REJECTS])
+        named = manifest.get("rejects_files", [REJECTS])
+        rejects = [k for k in named if isinstance(k, str) and REJECTS_FILE.match(k)]
+        keys = self.store.list("")
+        markers = [k for k in keys if k.startswith(f"{COMMITTED}/") and RUN_KEY.match(k)]
+        owned = [k for k in keys if (RUN_KEY.match(k) or DATA_FILE.match(k)) and k != MANIFEST]
         reports = [REPORT_FILE, REPORT_PAGE, REPORT_CHART]
-        self.store.delete(self.shards.data_files() + rejects + reports)
+        self.store.delete(markers)
+        self.store.delete([k for k in owned if k not in markers] + rejects + reports)
+        self.store.delete([MANIFEST])
+
+    def _holds_our_report(self) -> bool:
+        try:
+            report = json.loads(self.store.get_bytes(REPORT_FILE))
+        except (ObjectNotFound, ValueError):
+            return False
+        return isinstance(report, dict) and {"job", "records"} <= report.keys()
 
 
 def committed_files(location: str, kind: str = "results") -> list[str]:
@@ -91,9 +136,9 @@ def committed_files(location: str, kind: str = "results") -> list[str]:
 
 
 def new_run_location(location: str) -> str:
-    """The first ``LOCATION-runN`` beside ``location`` that holds no run."""
+    """The first ``LOCATION-runN`` beside ``location`` that holds nothing."""
     for n in range(2, 1000):
         candidate = f"{location.rstrip('/')}-run{n}"
-        if not JobOutput(candidate).holds_a_run():
+        if not JobOutput(candidate).store.list(""):  # nothing there, neither ours nor others
             return candidate
     raise OutputExistsError(f"output.path: no free -runN location beside {location}")

@@ -25,8 +25,8 @@ The protocol, for a crash at any instant:
   decides which attempt's files count.
 * Readers, ``status`` and resume trust markers and progress files only, never a listing
   of data. Listings are used for two things: finding a shard's progress files, and
-  deleting files no marker names (losers and the leftovers of attempts that died
-  between data and marker).
+  deleting files a marker has made dead (losers, and the leftovers of attempts that
+  died between data and marker once their shard commits).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from nightshift.io.objectstore import ObjectStore
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
-DATA_FILE = re.compile(r"^(results|failed)/shard-\d{5}-[0-9a-f]+\.parquet$")
+DATA_FILE = re.compile(r"^(results|failed)/shard-(?P<shard>\d{5})-(?P<attempt>[0-9a-f]+)\.parquet$")
+MARKER_FILE = re.compile(rf"^{COMMITTED}/shard-\d{{5}}\.json$")
 # An attempt's progress file in _work/shard-N/ (progress.json: one from before attempts
 # had their own, still read on resume).
 PROGRESS_FILE = re.compile(r"^progress(-[0-9a-f]+)?\.json$")
@@ -84,7 +85,7 @@ class ShardStore:
         """Every commit marker, by shard."""
         markers = {}
         for key in self.store.list(f"{COMMITTED}/"):
-            if key.endswith(".json"):
+            if MARKER_FILE.match(key):  # a user's committed/notes.json is no marker
                 marker = json.loads(self.store.get_bytes(key))
                 markers[marker["shard"]] = marker
         return markers
@@ -158,10 +159,33 @@ class ShardStore:
         """Delete a committed shard's checkpoints (the marker names its data now)."""
         self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
 
-    def delete_unnamed(self, markers: dict[int, dict[str, Any]]) -> int:
-        """Delete result and failure files no marker names; returns how many."""
-        named = {f["key"] for m in markers.values() for f in m["files"]}
-        stale = [key for key in self.data_files() if key not in named]
+    def marker(self, shard: int) -> dict[str, Any] | None:
+        """The shard's commit marker, or None while it is uncommitted (one read)."""
+        try:
+            return json.loads(self.store.get_bytes(self.marker_key(shard)))
+        except ObjectNotFound:
+            return None
+
+    def delete_unnamed(self, attempt: str | None = None) -> int:
+        """Delete result and failure files that are provably dead; returns how many.
+
+        A file is dead when its shard's marker exists and names other files: markers are
+        created once and never replaced, so that file's attempt lost (or will lose its
+        race). A file of a shard without a marker may belong to an attempt elsewhere that
+        is between its data and its marker: it is kept, unless it is ``attempt``'s own
+        (this run, which has finished its shards). Markers are read after the listing, so
+        a marker created meanwhile protects its files."""
+        listed = [DATA_FILE.match(key) for key in self.data_files()]
+        markers = {s: self.marker(s) for s in {int(m["shard"]) for m in listed}}
+        named = {f["key"] for m in markers.values() if m for f in m["files"]}
+        stale = []
+        for m in listed:
+            if markers[int(m["shard"])] is None:
+                dead = m["attempt"] == attempt  # this run will commit nothing more
+            else:
+                dead = m.string not in named
+            if dead:
+                stale.append(m.string)
         self.store.delete(stale)
         return len(stale)
 

@@ -3,8 +3,10 @@
 A worker is a Prefect flow run (``nightshift-worker``) that owns one engine (one GPU, or
 ``engine.tensor_parallel_size`` GPUs) for its whole life and loops: claim the next
 uncommitted shard whose lease is free or expired (``io.leases``), run it as a shard task,
-commit, claim the next. Workers never talk to each other; the object store is the only
-shared state, so they may run anywhere that reaches the output: N processes on one
+commit, claim the next. It holds ``SHARDS_AHEAD`` shards at a time and feeds them to its
+engine through one feeding loop (``running.feeding``), so the next shard's records are in
+the batch before the current one commits. Workers never talk to each other; the object
+store is the only shared state, so they may run anywhere that reaches the output: N processes on one
 machine (``jobs run --workers N``), or N flow runs of a deployment on a Kubernetes or
 other work pool, one pod per GPU (see the README, "Scale-out").
 
@@ -18,10 +20,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from prefect import flow
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
 from nightshift.errors import LeaseLostError, ShardAttemptFailed
@@ -36,6 +40,17 @@ from nightshift.running.workerstats import write_worker_figures
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 2.0  # how often a worker with nothing to claim looks again
+BUSY_POLL_S = 0.2  # how often a worker with shards running looks at them
+SHARDS_AHEAD = 2  # shards a worker holds at once: one generating, the next queued
+
+
+@dataclass
+class Claimed:
+    """A shard this worker holds: its lease, the thread renewing it, its shard task."""
+
+    lease: Lease
+    keeper: LeaseKeeper
+    future: PrefectFuture
 
 
 def _worker_run_name() -> str:
@@ -64,52 +79,79 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
 
 
 def claim_and_run(job: JobRun, feeding: FeedingLoop, leases: ShardLeases) -> list[int]:
-    """The worker loop: the shards this worker committed, in order."""
-    given_up: set[int] = set()
+    """The worker loop: the shards this worker committed, in order.
+
+    Each shard's marker is read on its own, and a shard seen committed is never looked
+    at again: a worker costs the store a few reads per shard, not a read of every
+    marker per shard (on S3, millions of GETs for a few thousand shards)."""
+    settled: set[int] = set()  # committed (here or elsewhere), or given up here
+    held: dict[int, Claimed] = {}
     done: list[int] = []
     while True:
-        left = _uncommitted(job, given_up)
-        if not left:
+        for shard in [s for s, c in held.items() if c.future.state.is_final()]:
+            if _settle(leases, held.pop(shard), job):
+                done.append(shard)
+            settled.add(shard)
+        left = [s for s in job.todo if s not in settled and s not in held]
+        if not left and not held:
             return done
-        lease = _claim_first(leases, left)
-        if lease is None:  # every shard left is leased by a live worker: wait, one may die
-            time.sleep(IDLE_POLL_S)
+        if left and len(held) < SHARDS_AHEAD:
+            lease = _claim_first(job, leases, left, settled)
+            if lease is not None:
+                _hold(job, feeding, leases, lease, held, settled)
+                continue
+        time.sleep(BUSY_POLL_S if held else IDLE_POLL_S)  # live workers lease the rest
+
+
+def _claim_first(
+    job: JobRun, leases: ShardLeases, shards: list[int], settled: set[int]
+) -> Lease | None:
+    """Claim the first free uncommitted shard (plan order: the longest prompts first);
+    the committed ones met on the way join ``settled``."""
+    for shard in shards:
+        if job.output.shards.marker(shard) is not None:
+            settled.add(shard)
             continue
-        if _run_claimed(job, feeding, leases, lease):
-            done.append(lease.shard)
-        else:
-            given_up.add(lease.shard)
-
-
-def _uncommitted(job: JobRun, given_up: set[int]) -> list[int]:
-    committed = job.output.shards.committed()
-    return [s for s in job.todo if s not in committed and s not in given_up]
-
-
-def _claim_first(leases: ShardLeases, shards: list[int]) -> Lease | None:
-    for shard in shards:  # plan order: the longest prompts first
         lease = leases.claim(shard)
         if lease is not None:
             return lease
     return None
 
 
-def _run_claimed(job: JobRun, feeding: FeedingLoop, leases: ShardLeases, lease: Lease) -> bool:
-    """Run a claimed shard; True when it committed. A shard whose attempts ran out here
-    is released for other workers; one taken over by another worker is left to it."""
+def _hold(
+    job: JobRun,
+    feeding: FeedingLoop,
+    leases: ShardLeases,
+    lease: Lease,
+    held: dict[int, Claimed],
+    settled: set[int],
+) -> None:
+    """Start a claimed shard's task on the feeding loop, its lease renewed meanwhile."""
     shard = lease.shard
-    with LeaseKeeper(leases, lease) as keeper:
-        job.runner.lease_lost = keeper.lost
-        try:
-            if shard not in job.output.shards.committed():  # committed since the listing
-                shard_task_for(job.spec)(shard, feeding)
-        except LeaseLostError:
-            log.warning("shard %d was taken over by another worker; moving on", shard)
-            return False
-        except ShardAttemptFailed:
-            leases.release(lease)
-            return False
-        finally:
-            job.runner.lease_lost = None
-    leases.forget(shard)
-    return True
+    if job.output.shards.marker(shard) is not None:  # committed just before the claim
+        leases.forget(shard)
+        settled.add(shard)
+        return
+    keeper = LeaseKeeper(leases, lease).__enter__()
+    job.runner.lease_lost[shard] = keeper.lost
+    future = shard_task_for(job.spec).submit(shard, feeding)
+    held[shard] = Claimed(lease, keeper, future)
+
+
+def _settle(leases: ShardLeases, claimed: Claimed, job: JobRun) -> bool:
+    """A held shard's task ended; True when it committed here. A shard whose attempts
+    ran out here is released for other workers; one taken over by another is left to it."""
+    shard = claimed.lease.shard
+    claimed.keeper.__exit__(None, None, None)
+    job.runner.lease_lost.pop(shard, None)
+    if claimed.future.state.is_completed():
+        leases.forget(shard)
+        return True
+    error = claimed.future.result(raise_on_failure=False)
+    if isinstance(error, LeaseLostError):
+        log.warning("shard %d was taken over by another worker; moving on", shard)
+    elif isinstance(error, ShardAttemptFailed):
+        leases.release(claimed.lease)
+    else:
+        raise error
+    return False

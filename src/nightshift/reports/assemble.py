@@ -81,6 +81,6 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
     # to reproduce a run: batch composition changes results too).
     report["spec"] = spec.model_dump(mode="json", by_alias=True)
     report["output"] = output.location
-    output.shards.delete_unnamed(markers)
+    output.shards.delete_unnamed(runner.attempt)  # after this run's last commit
     write_report_files(output, report)
     return report

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from nightshift.errors import NightshiftError, ShardAttemptFailed
+from nightshift.errors import LeaseLostError, NightshiftError, ShardAttemptFailed
 from nightshift.running.shardqueue import ShardQueue
 from nightshift.running.shards import EngineSource, ShardRunner
 
@@ -69,7 +69,9 @@ class FeedingLoop:
         if future is None:
             return
         failure = self.runner.failures.get(shard)
-        if failure is not None:
+        if shard in self.runner.lost:
+            future.set_exception(LeaseLostError(failure))
+        elif failure is not None:
             future.set_exception(ShardAttemptFailed(f"shard {shard}: {failure}"))
         else:
             future.set_result(shard)

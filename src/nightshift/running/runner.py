@@ -108,7 +108,8 @@ def _resumable_plan(
     output: JobOutput, stamp: dict[str, Any], overwrite: bool
 ) -> dict[str, Any] | None:
     """The plan of an earlier run of the same job here, to resume; None to plan afresh.
-    Refuses an output that holds a different job's run."""
+    Refuses an output that holds a different job's run, or others' files and no run."""
+    output.refuse_foreign()  # with or without --overwrite: those files are not ours
     if overwrite:
         output.clear()
         return None
@@ -128,5 +129,3 @@ def _resumable_plan(
             "pass --new-run to start a fresh run beside it, or --overwrite to replace it"
         )
     return manifest
-
-

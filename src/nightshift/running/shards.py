@@ -93,8 +93,9 @@ class ShardRunner:
     ) -> None:
         self.spec, self.plans, self.shards, self.encoder = spec, plans, shards, encoder
         self.progress, self.retry_in_place = progress, retry_in_place
-        # Set by a worker's lease keeper when another worker took the shard over.
-        self.lease_lost: threading.Event | None = None
+        # shard -> set by a worker's lease keeper when another worker took it over.
+        self.lease_lost: dict[int, threading.Event] = {}
+        self.lost: set[int] = set()  # shards given up here because their lease was lost
         self.task = handler_for(spec.task)
         self.tables = ResultTables(
             input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
@@ -149,6 +150,7 @@ class ShardRunner:
         one comes or the queue is closed)."""
         while (shard := queue.take(wait=wait if not work else 0)) is not None:
             self.failures.pop(shard, None)  # a caller's retry starts it afresh
+            self.lost.discard(shard)
             w = self._resume(shard)
             if w.remaining == 0:
                 self._finish(w)  # every record already checkpointed: commit, no engine
@@ -203,7 +205,17 @@ class ShardRunner:
         if result.retryable and feed.retry(result.key):
             return
         pending = feed.answered(result.key)
-        w = work[pending.shard]
+        w = work.get(pending.shard)
+        if w is None:  # its shard was given up (lease lost): the answer is not ours
+            return
+        try:
+            self._record(feed, result, pending, w, work)
+        except LeaseLostError as exc:
+            self._give_up(work.pop(w.shard), exc)
+
+    def _record(
+        self, feed: RequestFeed, result: EngineResult, pending, w: ShardWork, work: dict
+    ) -> None:
         if result.aborted:  # no answer: its record stays unanswered in this attempt
             if feed.stuck(w.shard) and w.remaining:
                 self._unanswered(work.pop(w.shard))
@@ -228,8 +240,15 @@ class ShardRunner:
         return w.held >= run.chunk_records or time.monotonic() - w.since >= run.chunk_seconds
 
     def _check_lease(self, shard: int) -> None:
-        if self.lease_lost is not None and self.lease_lost.is_set():
+        lost = self.lease_lost.get(shard)
+        if lost is not None and lost.is_set():
             raise LeaseLostError(f"shard {shard}: another worker took it over")
+
+    def _give_up(self, w: ShardWork, exc: LeaseLostError) -> None:
+        """Another worker took ``w`` over: write nothing more of it, and settle it."""
+        self.lost.add(w.shard)
+        self.failures[w.shard] = str(exc)
+        self._settled(w.shard)
 
     def _checkpoint(self, w: ShardWork) -> None:
         if not w.held:
@@ -292,7 +311,11 @@ class ShardRunner:
         hit = [w for w in work.values() if w.answered_now] or list(work.values())[:1]
         again = []
         for w in work.values():
-            self._checkpoint(w)
+            try:
+                self._checkpoint(w)
+            except LeaseLostError as lost:
+                self._give_up(w, lost)
+                continue
             w.answered_now = 0
             if w not in hit or self._fail_or_rerun(w, str(exc)):
                 again.append(w.shard)
@@ -306,7 +329,11 @@ class ShardRunner:
         """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
         the answers, and run the shard again here or name it failed."""
         left = w.remaining
-        self._checkpoint(w)
+        try:
+            self._checkpoint(w)
+        except LeaseLostError as lost:
+            self._give_up(w, lost)
+            return
         w.answered_now = 0
         reason = (
             f"{left} record(s) left unanswered (the engine aborted them); "

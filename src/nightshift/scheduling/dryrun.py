@@ -31,6 +31,7 @@ def plan_summary(
     summary = describe(plan, spec)
     if write:
         output = JobOutput(spec.output.path)
+        output.refuse_foreign()  # others' files: never write a plan (or rejects) among them
         if output.report() or output.shards.committed():
             raise OutputExistsError(
                 f"output.path: {spec.output.path} holds a run; writing a plan there would "
