@@ -195,12 +195,15 @@ def test_a_worker_takes_over_a_shard_once_a_dead_workers_lease_expires(
 def _worker_reads(models, tmp_path, shards: int) -> int:
     """Store reads (GETs: reads of whole objects and downloads) of one in-process worker
     running a planned job of ``shards`` shards to the end on the fake engine."""
+    from prefect import flow
+
     from nightshift.engines.fake import FakeEngine
     from nightshift.io.leases import ShardLeases
     from nightshift.io.objectstore import LocalStore
     from nightshift.jobs.loading import validate_spec
     from nightshift.pipelines.workers import claim_and_run
     from nightshift.running.engines import EnginePool
+    from nightshift.running.feeding import FeedingLoop
     from nightshift.running.runner import start_run as take_up_plan
     from nightshift.scheduling.dryrun import plan_summary
 
@@ -227,10 +230,17 @@ def _worker_reads(models, tmp_path, shards: int) -> int:
 
         return read
 
+    feeding = FeedingLoop(job.runner, engines)
+
+    @flow(name="counted-worker")
+    def counted_worker() -> list[int]:  # shard tasks are submitted from a flow
+        return claim_and_run(job, feeding, leases)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(LocalStore, "get_bytes", counted(get_bytes))
         patch.setattr(LocalStore, "download", counted(download))
-        done = claim_and_run(job, engines, leases)
+        done = counted_worker()
+    feeding.close()
     engines.close()
     assert sorted(done) == sorted(job.todo)
     assert_exactly_once(str(root / "out"), "ticket_id", [r["ticket_id"] for r in rows])
