@@ -26,6 +26,7 @@ from nightshift.io.inputs import (
     file_batches,
     open_input,
 )
+from nightshift.jobs.columns import check_column_types
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
@@ -81,6 +82,7 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
     needed = job_columns(spec)
     check_columns(dataset, needed)
     check_id_type(dataset, spec.input.id_column)
+    check_column_types(dataset.schema, needed)
     return dataset, list(needed)
 
 
