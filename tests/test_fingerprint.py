@@ -168,3 +168,9 @@ def test_a_changed_model_file_refuses_the_rerun_and_says_which(model, ticket_dir
         (model / name).write_bytes(original)
     again = subprocess.run(args, capture_output=True, text=True)  # unchanged: resumes
     assert again.returncode == 0 and "0 by this run" in again.stdout, again.stderr
+
+
+def test_a_plan_from_before_every_file_was_hashed_says_so(model):
+    old = {"model.identity": {"files": {}, "weights": {"model.safetensors": 1006144}}}
+    [change] = changed_keys(old, {"model.identity": model_identity(str(model))})
+    assert change.startswith("model.identity (recorded by an older nightshift")

@@ -85,6 +85,8 @@ def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def _changed_files(key: str, old: Any, new: Any) -> str | None:
     if key not in MODEL_KEYS or not all(isinstance(v, dict) for v in (old, new)):
         return None
+    if "weights" in old:  # weights by size: a plan from before every file was hashed
+        return f"{key} (recorded by an older nightshift, which did not hash every file)"
     before, after = old.get("files"), new.get("files")
     if not isinstance(before, dict) or not isinstance(after, dict):
         return None

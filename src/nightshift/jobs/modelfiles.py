@@ -50,7 +50,8 @@ BLOCK_BYTES = 64 << 10
 
 
 def folder_identity(folder: Path) -> dict[str, str]:
-    """File name -> digest, for every file of ``folder`` a model loader may read."""
+    """File name -> digest, for every file of ``folder`` a model loader may read (the
+    top level, where tokenizers, templates, configs and weights are looked for)."""
     return {
         path.name: file_digest(path)
         for path in sorted(folder.iterdir())
@@ -92,8 +93,14 @@ def _sample_safetensors(stream: BinaryIO, size: int, digest: Any) -> bool:
     header = stream.read(length)
     try:
         tensors = json.loads(header)
-        spans = sorted(tuple(t["data_offsets"]) for k, t in tensors.items() if k != "__metadata__")
-    except (ValueError, TypeError, KeyError, AttributeError):
+        spans = sorted(
+            (int(t["data_offsets"][0]), int(t["data_offsets"][1]))
+            for k, t in tensors.items()
+            if k != "__metadata__"
+        )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+    if any(begin < 0 or end < begin for begin, end in spans):
         return False
     digest.update(header)
     step = max(1, len(spans) / TENSOR_SLICES)
