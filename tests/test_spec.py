@@ -293,3 +293,15 @@ def test_infinite_or_nan_settings_are_refused(key, value):
 def test_retry_delays_are_a_non_empty_list_of_non_negative_seconds():
     assert errors_for(setting("run.retry_delay_s", [-1.0]))[0].key == "run.retry_delay_s.0"
     assert errors_for(setting("run.retry_delay_s", []))[0].key == "run.retry_delay_s"
+
+
+def test_an_infinite_gpu_in_the_capacity_section_is_refused():
+    gpu = {"memory_gib": float("inf"), "bandwidth_gbs": 1.0, "bf16_tflops": 1.0}
+    [error] = errors_for(setting("capacity.gpus", {"x": gpu}))
+    assert error.key == "capacity.gpus.x.memory_gib" and "finite" in str(error)
+
+
+def test_a_mistyped_secret_override_is_not_echoed():
+    with pytest.raises(SpecError) as caught:
+        apply_override({}, "engine.extra.hf_token hf_abc123")
+    assert caught.value.key == "--set" and "hf_abc123" not in str(caught.value)

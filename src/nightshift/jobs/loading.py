@@ -6,6 +6,7 @@ so the CLI can print one clear line per problem instead of a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from nightshift.errors import SpecError, SpecErrors
+from nightshift.jobs.secrets import looks_secret
 from nightshift.jobs.spec import JobSpec
 
 # A hint per pydantic error type: what the user should do, not what went wrong.
@@ -92,8 +94,14 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply one ``key.path=value`` override; the value is read as YAML (8 -> int)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
+        # A mistyped secret (a space for the =) must not be echoed to the terminal.
+        shown = (
+            "an override that names a secret (not shown)"
+            if any(map(looks_secret, re.split(r"[.\s:]+", item)))
+            else repr(item)
+        )
         raise SpecError(
-            "--set", f"{item!r} is not key.path=value", "for example sampling.max_tokens=16"
+            "--set", f"{shown} is not key.path=value", "for example sampling.max_tokens=16"
         )
     parts = key.strip().split(".")
     node = data
