@@ -185,3 +185,65 @@ def test_plan_does_not_project_from_a_fake_engine_run(spec_path):
     assert invoke("jobs", "run", str(spec_path), "--set", "run.engine=fake", "-q").exit_code == 0
     result = invoke("jobs", "plan", str(spec_path))
     assert "projected cost: unknown" in result.output, result.output
+
+
+def _files_holding(root, text: str) -> list[str]:
+    if not root.exists():
+        return []
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def test_a_secret_is_refused_from_set_and_from_the_yaml(models, ticket_dir, tmp_path, write_spec):
+    data = spec_dict(models["chat"], ticket_dir, tmp_path / "out")
+    given = write_spec(data)
+    from_set = invoke(
+        "jobs", "run", str(given), "--set", "engine.extra.hf_token=hf_abc123",
+        "--set", "run.engine=fake", "-q",
+    )  # fmt: skip
+    data["engine"]["extra"]["hf_token"] = "hf_abc123"
+    from_yaml = invoke("jobs", "run", str(write_spec(data, "secret.yaml")), "-q")
+    for result in (from_set, from_yaml):
+        assert_user_error(result, "engine.extra.hf_token", "set HF_TOKEN in the environment")
+        assert "hf_abc123" not in result.output
+    assert _files_holding(tmp_path / "out", "hf_abc123") == []
+
+
+def test_a_256_bit_decimal_column_is_named(models, tmp_path, write_spec):
+    from decimal import Decimal
+
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [("ticket_id", pa.string()), ("subject", pa.string()), ("body", pa.string()),
+         ("amount", pa.decimal256(40, 2))]
+    )  # fmt: skip
+    rows = [{"ticket_id": "1", "subject": "s", "body": "b", "amount": Decimal("1.50")}]
+    write_records(tmp_path / "in.parquet", rows, schema)
+    data = spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out")
+    data["input"]["keep_columns"] = ["subject", "amount"]
+    result = invoke("jobs", "plan", str(write_spec(data)))  # a run plans through the same code
+    assert_user_error(result, "input.keep_columns", "'amount' holds decimal256(40, 2)", "cast")
+
+
+def test_a_yaml_key_that_is_a_list(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\n? [a, b]\n: 1\n")
+    assert_user_error(invoke("jobs", "plan", str(spec)), "the key ['a', 'b'] at line 2 is a list")
+
+
+@pytest.mark.parametrize(
+    "setting, fragment",
+    [
+        ("sampling.max_tokens=9223372036854775808", "sampling.max_tokens: 9223372036854775808"),
+        ("run.lease_s=.inf", "run.lease_s: Input should be a finite number"),
+    ],
+)
+def test_absurd_numbers_are_refused(spec_path, setting, fragment):
+    result = invoke("jobs", "run", str(spec_path), "--set", setting, "--set", "run.engine=fake")
+    assert_user_error(result, fragment)
+
+
+def test_a_worker_id_that_cannot_name_a_file_is_refused_up_front(spec_path, tmp_path):
+    result = invoke("jobs", "work", str(spec_path), "--set", "run.engine=fake", "--worker", "../x")
+    assert_user_error(result, "--worker: '../x' cannot name a worker")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()

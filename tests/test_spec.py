@@ -203,3 +203,105 @@ def test_kept_columns_may_not_clash_with_output_columns():
 def test_empty_placeholder_is_refused():
     [err] = errors_for(with_change("prompt.template", "Subject: {} {body}"))
     assert err.key == "prompt.template" and "empty {} placeholder" in str(err)
+
+
+def setting(path: str, value) -> dict:
+    """BASE with ``path`` set, its sections created where BASE has none."""
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return data
+
+
+def test_a_secret_in_engine_extra_is_refused_without_echoing_it():
+    [error] = errors_for(with_change("engine.extra", {"hf_token": "hf_abc123"}))
+    assert error.key == "engine.extra.hf_token"
+    assert "HF_TOKEN" in str(error) and "hf_abc123" not in str(error)
+    nested = {"model_loader_extra_config": {"s3SecretAccessKey": "zzz"}}
+    [error] = errors_for(with_change("engine.extra", nested))
+    assert error.key == "engine.extra.model_loader_extra_config.s3SecretAccessKey"
+    assert "set it in the environment" in str(error) and "zzz" not in str(error)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "hf_token",
+        "HF_TOKEN",
+        "api_key",
+        "apiKey",
+        "access_token",
+        "db_password",
+        "auth",
+        "client_secret",
+        "credentials",
+        "aws_secret_access_key",
+        "private_key",
+    ],
+)
+def test_secret_like_names(key):
+    from nightshift.jobs.secrets import looks_secret
+
+    assert looks_secret(key)
+
+
+def test_vllm_settings_that_mention_tokens_are_not_secrets():
+    extra = {
+        "long_prefill_token_threshold": 4,
+        "tokenizer_mode": "auto",
+        "skip_tokenizer_init": False,
+        "speculative_config": {"num_speculative_tokens": 2},
+        "max_logprobs": 5,
+    }
+    assert validate_spec(with_change("engine.extra", extra)).engine.extra == extra
+
+
+def test_a_yaml_key_that_is_a_list_is_named(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\n? [a, b]\n: 1\n")
+    with pytest.raises(SpecError, match=r"the key \['a', 'b'\] at line 2 is a list"):
+        load_spec(path)
+
+
+@pytest.mark.parametrize(
+    "key", ["sampling.max_tokens", "model.max_model_len", "plan.shard_records", "sampling.seed"]
+)
+def test_numbers_past_any_sane_size_are_refused(key):
+    [error, *_] = errors_for(setting(key, 2**63))
+    assert error.key == key and "out of range" in str(error)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("run.lease_s", float("inf")),
+        ("run.chunk_seconds", float("nan")),
+        ("run.retry_delay_s", [10.0, float("inf")]),
+        ("cost.usd_per_gpu_hour", float("inf")),
+        ("cost.expected_tokens_per_s", float("inf")),
+        ("sampling.temperature", float("inf")),
+    ],
+)
+def test_infinite_or_nan_settings_are_refused(key, value):
+    [error] = errors_for(setting(key, value))
+    assert error.key.startswith(key) and "finite" in str(error) and ".inf" in str(error)
+
+
+def test_retry_delays_are_a_non_empty_list_of_non_negative_seconds():
+    assert errors_for(setting("run.retry_delay_s", [-1.0]))[0].key == "run.retry_delay_s.0"
+    assert errors_for(setting("run.retry_delay_s", []))[0].key == "run.retry_delay_s"
+
+
+def test_an_infinite_gpu_in_the_capacity_section_is_refused():
+    gpu = {"memory_gib": float("inf"), "bandwidth_gbs": 1.0, "bf16_tflops": 1.0}
+    [error] = errors_for(setting("capacity.gpus", {"x": gpu}))
+    assert error.key == "capacity.gpus.x.memory_gib" and "finite" in str(error)
+
+
+def test_a_mistyped_secret_override_is_not_echoed():
+    with pytest.raises(SpecError) as caught:
+        apply_override({}, "engine.extra.hf_token hf_abc123")
+    assert caught.value.key == "--set" and "hf_abc123" not in str(caught.value)

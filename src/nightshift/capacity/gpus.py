@@ -14,7 +14,7 @@ from nightshift.errors import SpecError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class GpuSpec(_Section):

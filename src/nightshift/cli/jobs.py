@@ -95,9 +95,11 @@ def work(
     """Join a job as one more worker: claim its uncommitted shards one at a time and run
     them on one engine, until every shard is committed. Start as many as you have GPUs,
     on any machine that reaches the output; the job must be planned first."""
+    from nightshift.io.leases import check_worker_id
     from nightshift.jobs.loading import load_spec
     from nightshift.pipelines.local import run_worker
 
+    check_worker_id(worker)  # it names files: refuse it before any shard runs, not after
     load_spec(spec, overrides)
     done = run_worker(str(spec), overrides, worker)
     typer.echo(f"{done['worker']}: committed shards {done['shards']}")

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from nightshift.errors import ObjectNotFound, StoreError
+from nightshift.errors import ObjectNotFound, StoreError, UserError
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.shardstore import shard_name
 
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 LEASES = "leases"
 GENERATION_FILE = re.compile(r"^(\d+)\.json$")
 VANISHED_RETRIES = 3  # a generation listed but deleted (by forget) before it was read
+# A worker id names files in the output (_work/workers/<id>.json): no "/", no "..".
+WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass
@@ -75,6 +77,17 @@ class Lease:
     generation: int
     token: str
     expires_at: float
+
+
+def check_worker_id(worker: str, most: int = 100) -> str:
+    """``worker``, if it can name a worker's files; else a ``UserError`` saying why. The
+    worker flow adds a suffix to the name given, so a full id may be longer."""
+    if not WORKER_ID.match(worker) or ".." in worker or len(worker) > most:
+        raise UserError(
+            f"--worker: {worker!r} cannot name a worker (it names files in the output); "
+            f"use up to {most} letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return worker
 
 
 def default_worker_id() -> str:
@@ -93,10 +106,10 @@ class ShardLeases:
         clock: Callable[[], float] = time.time,
         grace_s: float = 0.0,
     ) -> None:
-        if ttl_s <= 0:
-            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        if not 0 < ttl_s < float("inf"):
+            raise ValueError(f"ttl_s must be positive and finite, got {ttl_s}")
         self.store = store
-        self.worker = worker
+        self.worker = check_worker_id(worker, most=200)
         self.ttl_s = ttl_s
         self.clock = clock
         self.grace_s = grace_s

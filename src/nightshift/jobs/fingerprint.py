@@ -4,13 +4,13 @@ Stored with the plan; a rerun into the same output must match it, or a resumed j
 would mix answers from two different prompts, models or sampling settings (a stale
 checkpoint reused after the prompt changed is a classic way to ruin a dataset).
 
-What counts: the model and tokenizer (by the files that define them, not by path), the
-input's id and kept columns, the prompt, the task, sampling, and the engine settings that
-change the numbers (weights dtype, KV cache dtype, context length, any ``engine.extra``
-not known to be harmless). What does not: where the output goes, shard sizes, batch
-sizes, memory settings, prices. (Batch composition does move temperature-0 results by
-rounding; nightshift records the settings with every run instead of pretending
-otherwise.)
+What counts: the model and tokenizer (by the content of the files that define them, not
+by path; see ``jobs.modelfiles``), the input's id and kept columns, the prompt, the task,
+sampling, and the engine settings that change the numbers (weights dtype, KV cache dtype,
+context length, any ``engine.extra`` not known to be harmless). What does not: where the
+output goes, shard sizes, batch sizes, memory settings, prices. (Batch composition does
+move temperature-0 results by rounding; nightshift records the settings with every run
+instead of pretending otherwise.)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nightshift.engines.tokenizer import model_source
+from nightshift.jobs.modelfiles import folder_identity
 from nightshift.jobs.spec import JobSpec
 
 # engine.extra keys that change speed or memory, never answers.
@@ -36,7 +37,8 @@ HARMLESS_ENGINE_EXTRA = frozenset(
         "compilation_config",
     }
 )
-_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+# Fingerprint entries that describe a model folder, and the spec key that names it.
+MODEL_KEYS = {"model.identity": "model.path", "model.tokenizer": "model.tokenizer"}
 
 
 def result_inputs(spec: JobSpec) -> dict[str, Any]:
@@ -70,25 +72,32 @@ def fingerprint(inputs: dict[str, Any]) -> str:
 
 
 def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """Which fingerprinted keys differ, for the refusal message."""
-    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    """Which fingerprinted keys differ, for the refusal message; a model folder's
+    changed files by name (``model.path files chat_template.jinja``)."""
+    changed = []
+    for key in sorted(before.keys() | after.keys()):
+        old, new = before.get(key), after.get(key)
+        if old != new:
+            changed.append(_changed_files(key, old, new) or key)
+    return changed
+
+
+def _changed_files(key: str, old: Any, new: Any) -> str | None:
+    if key not in MODEL_KEYS or not all(isinstance(v, dict) for v in (old, new)):
+        return None
+    if "weights" in old:  # weights by size: a plan from before every file was hashed
+        return f"{key} (recorded by an older nightshift, which did not hash every file)"
+    before, after = old.get("files"), new.get("files")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return None
+    names = sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    return f"{MODEL_KEYS[key]} files {', '.join(names)}" if names else None
 
 
 def model_identity(name_or_path: str) -> dict[str, Any]:
-    """A model folder by the content of its small files and the names and sizes of its
-    weights (hashing gigabytes of weights on every run would cost minutes); a hub id by
+    """A model folder by the content of its files (see ``jobs.modelfiles``); a hub id by
     its name."""
     folder = Path(model_source(name_or_path))
     if not folder.is_dir():
         return {"hub_id": name_or_path}
-    small = {}
-    for name in _MODEL_FILES:
-        path = folder / name
-        if path.is_file():
-            small[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    weights = {
-        p.name: p.stat().st_size
-        for p in sorted(folder.iterdir())
-        if p.suffix in (".safetensors", ".bin", ".pt", ".gguf")
-    }
-    return {"files": small, "weights": weights}
+    return {"files": folder_identity(folder)}

@@ -6,6 +6,8 @@ so the CLI can print one clear line per problem instead of a traceback.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from nightshift.errors import SpecError, SpecErrors
+from nightshift.jobs.secrets import looks_secret
 from nightshift.jobs.spec import JobSpec
 
 # A hint per pydantic error type: what the user should do, not what went wrong.
@@ -29,6 +32,7 @@ _FIXES = {
     "union_tag_invalid": "use one of generate, classify, extract",
     "union_tag_not_found": "add kind: generate, classify or extract",
     "literal_error": "use one of the listed values",
+    "finite_number": "not .inf or .nan",
 }
 
 
@@ -47,12 +51,21 @@ class _StrictLoader(yaml.SafeLoader):
 def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
     seen: set = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if not isinstance(key, Hashable):
+            kind = "list" if isinstance(key, list) else "mapping"
+            problem = f"the key {_short(key)} at line {line} is a {kind}"
+            raise SpecError("", problem, "a key must be plain text; remove the [ ] or { }")
         if key in seen:
-            line = key_node.start_mark.line + 1
             raise SpecError(str(key), f"is given twice (again at line {line})", "keep one")
         seen.add(key)
     return loader.construct_mapping(node, deep=True)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _StrictLoader.add_constructor(
@@ -81,8 +94,14 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply one ``key.path=value`` override; the value is read as YAML (8 -> int)."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
+        # A mistyped secret (a space for the =) must not be echoed to the terminal.
+        shown = (
+            "an override that names a secret (not shown)"
+            if any(map(looks_secret, re.split(r"[.\s:]+", item)))
+            else repr(item)
+        )
         raise SpecError(
-            "--set", f"{item!r} is not key.path=value", "for example sampling.max_tokens=16"
+            "--set", f"{shown} is not key.path=value", "for example sampling.max_tokens=16"
         )
     parts = key.strip().split(".")
     node = data
@@ -117,6 +136,9 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
 def _spec_error(err: dict[str, Any]) -> SpecError:
     # Discriminated unions add the tag ("classify") to the location; users never wrote it.
     loc = [str(p) for p in err["loc"] if p not in ("generate", "classify", "extract")]
+    subkey = getattr(err.get("ctx", {}).get("error"), "subkey", None)
+    if subkey:  # a validator of a whole mapping that names the key inside it
+        loc.append(subkey)
     key = ".".join(loc)
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

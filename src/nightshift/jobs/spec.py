@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nightshift.capacity.settings import CapacitySpec
+from nightshift.jobs.secrets import refuse_secrets
 
 # Columns nightshift writes itself into results and failed rows; a kept input column may
 # not take one of these names. (rejects.parquet names its own columns around the input's:
@@ -31,9 +32,23 @@ OUTPUT_COLUMNS = frozenset(
 )
 
 
+# Past this, a count or size is a typo, and engines and Arrow overflow on it (2**63).
+MAX_INT = 2**31 - 1
+
+
 class _Section(BaseModel):
-    # strict: "8" is not 8; forbid: a misspelt key is an error, not silently ignored.
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    # strict: "8" is not 8; forbid: a misspelt key is an error, not silently ignored;
+    # no inf or nan: no setting means anything at infinity (an infinite lease never ends).
+    model_config = ConfigDict(
+        extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+    @field_validator("*")
+    @classmethod
+    def _int_in_range(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError(f"{value} is out of range (at most {MAX_INT:,})")
+        return value
 
 
 class InputSpec(_Section):
@@ -242,6 +257,8 @@ class EngineSpec(_Section):
         for name in extra:
             if name in SPEC_ENGINE_ARGS:
                 raise ValueError(f"{name} has its own key: set {SPEC_ENGINE_ARGS[name]} instead")
+        # The only free-form map of settings (task.schema's keys name answer fields).
+        refuse_secrets(extra)
         return extra
 
 
@@ -307,8 +324,9 @@ class RunSpec(_Section):
         "unless renewed (every quarter of it); a worker that dies gives its shard up to "
         "the others after at most this long. Keep it well above the workers' clock skew.",
     )
-    retry_delay_s: list[float] = Field(
+    retry_delay_s: list[Annotated[float, Field(ge=0)]] = Field(
         default=[10.0, 60.0],
+        min_length=1,
         description="Seconds Prefect waits before retrying a failed shard task, one per "
         "retry (the last repeats); retries = run.shard_attempts - 1.",
     )

@@ -28,6 +28,7 @@ from nightshift.io.inputs import (
     open_input,
 )
 from nightshift.io.planstore import POSITION
+from nightshift.jobs.columns import check_column_types
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.known import KnownIds
@@ -90,6 +91,7 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
             "rename it in the input or leave it out of the job",
         )
     check_id_type(dataset, spec.input.id_column)
+    check_column_types(dataset.schema, needed)
     return dataset, list(needed)
 
 

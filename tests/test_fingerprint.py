@@ -1,0 +1,176 @@
+"""The fingerprint sees every model file that shapes an answer, and stays cheap to take."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nightshift.jobs import modelfiles
+from nightshift.jobs.fingerprint import changed_keys, model_identity
+
+from .conftest import spec_dict
+
+
+@pytest.fixture
+def model(models, tmp_path) -> Path:
+    """A copy of the demo model that a test may edit."""
+    return Path(shutil.copytree(models["chat"], tmp_path / "model"))
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Change one byte in place: same size, same name."""
+    with path.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def tensor_middle(path: Path) -> int:
+    """The file offset of the middle of the safetensors file's largest tensor."""
+    (length,) = struct.unpack("<Q", path.read_bytes()[:8])
+    header = json.loads(path.read_bytes()[8 : 8 + length])
+    begin, end = max(
+        (t["data_offsets"] for k, t in header.items() if k != "__metadata__"),
+        key=lambda span: span[1] - span[0],
+    )
+    return 8 + length + (begin + end) // 2
+
+
+def test_an_unchanged_model_keeps_its_identity_wherever_it_lies(models, model):
+    assert model_identity(str(model)) == model_identity(str(models["chat"]))
+    assert model_identity(str(model)) == model_identity(str(model))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "chat_template.jinja",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+    ],
+)
+def test_every_prompt_file_counts(model, name):
+    before = {"model.identity": model_identity(str(model))}
+    path = model / name
+    path.write_bytes((path.read_bytes() if path.exists() else b"") + b"\n")
+    after = {"model.identity": model_identity(str(model))}
+    assert changed_keys(before, after) == [f"model.path files {name}"]
+
+
+def test_one_byte_of_the_weights_counts(model):
+    weights = model / "model.safetensors"
+    before = model_identity(str(model))
+    flip_byte(weights, tensor_middle(weights))
+    assert (
+        model_identity(str(model))["files"]["model.safetensors"]
+        != before["files"]["model.safetensors"]
+    )
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".bin", ".gguf"])
+def test_large_weights_are_sampled_and_a_changed_tensor_counts(model, monkeypatch, suffix):
+    monkeypatch.setattr(modelfiles, "FULL_HASH_BYTES", 0)  # as if the file were 10 GB
+    weights = model / f"weights{suffix}"
+    shutil.copyfile(model / "model.safetensors", weights)
+    first = modelfiles.file_digest(weights)
+    assert first.startswith("sampled:") and modelfiles.file_digest(weights) == first
+    flip_byte(weights, tensor_middle(weights))
+    assert modelfiles.file_digest(weights) != first
+
+
+class _CountingPath(type(Path())):
+    """A path whose opened files count the bytes read from them."""
+
+    read_bytes_total = 0
+
+    def open(self, *args, **kwargs):
+        stream = super().open(*args, **kwargs)
+        read = stream.read
+
+        def counted(*a):
+            data = read(*a)
+            _CountingPath.read_bytes_total += len(data)
+            return data
+
+        stream.read = counted
+        return stream
+
+
+def test_a_huge_weights_file_costs_a_few_megabytes_of_reads(tmp_path):
+    tensors = {
+        f"layer.{i}": {"dtype": "BF16", "shape": [2**22], "data_offsets": [i << 23, (i + 1) << 23]}
+        for i in range(2000)  # 16 GiB of tensors, 2000 of them
+    }
+    header = json.dumps(tensors).encode()
+    huge = tmp_path / "model-00001-of-00002.safetensors"
+    other = tmp_path / "consolidated.gguf"
+    with huge.open("wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + (2000 << 23))  # sparse: no disk used
+    with other.open("wb") as f:
+        f.truncate(16 << 30)
+    for path, most in ((huge, len(header) + (1 << 20)), (other, 5 << 20)):
+        _CountingPath.read_bytes_total = 0
+        assert modelfiles.file_digest(_CountingPath(path)).startswith("sampled:")
+        assert _CountingPath.read_bytes_total < most
+
+
+def _edit_template(model: Path) -> None:
+    template = model / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_start|>assistant", "<|im_start|>bot"))
+
+
+def _edit_tokenizer(model: Path) -> None:
+    config = model / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("<pad>", "</s>"))
+
+
+def _edit_weights(model: Path) -> None:
+    flip_byte(model / "model.safetensors", tensor_middle(model / "model.safetensors"))
+
+
+def test_a_changed_model_file_refuses_the_rerun_and_says_which(model, ticket_dir, tmp_path):
+    """Through the command users run: a model file edited between a kill and a rerun is
+    refused, naming the file; the same model again resumes."""
+    import yaml
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(model, ticket_dir, tmp_path / "out")))
+    args = [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(spec), "-q"]
+    args += ["--set", "run.engine=fake"]
+    assert subprocess.run(args, capture_output=True, text=True).returncode == 0
+    edits = {
+        "chat_template.jinja": _edit_template,
+        "tokenizer_config.json": _edit_tokenizer,
+        "model.safetensors": _edit_weights,
+    }
+    for name, edit in edits.items():
+        original = (model / name).read_bytes()
+        edit(model)
+        refused = subprocess.run(args, capture_output=True, text=True)
+        assert refused.returncode == 2, refused.stderr
+        # The tests' Prefect logs errors to the console; the user's last line is ours.
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: output.path"), refused.stderr
+        assert f"(model.path files {name} changed)" in last
+        (model / name).write_bytes(original)
+    again = subprocess.run(args, capture_output=True, text=True)  # unchanged: resumes
+    assert again.returncode == 0 and "0 by this run" in again.stdout, again.stderr
+
+
+def test_a_plan_from_before_every_file_was_hashed_says_so(model):
+    old = {"model.identity": {"files": {}, "weights": {"model.safetensors": 1006144}}}
+    [change] = changed_keys(old, {"model.identity": model_identity(str(model))})
+    assert change.startswith("model.identity (recorded by an older nightshift")
