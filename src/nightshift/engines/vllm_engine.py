@@ -23,6 +23,13 @@ from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, Eng
 from nightshift.errors import EngineError, EngineFatalError, SpecError
 
 log = logging.getLogger(__name__)
+# vLLM reconfigures the logging module (dictConfig) on import and at each LLM(): that
+# flushes every handler, Prefect's API log handler included, which waits for Prefect's
+# event-loop thread, which waits for the logging lock dictConfig holds: a deadlock when
+# the engine starts in a thread while a flow runs. Its records propagate to the root
+# logger instead, and so reach the engine log (see nightshift.console).
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+logging.getLogger("vllm").setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
 
 # Metric name -> EngineStats field. Counters sum over label sets (one per engine).
 _COUNTERS = {
