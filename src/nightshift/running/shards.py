@@ -311,12 +311,8 @@ class ShardRunner:
         hit = [w for w in work.values() if w.answered_now] or list(work.values())[:1]
         again = []
         for w in work.values():
-            try:
-                self._checkpoint(w)
-            except LeaseLostError as lost:
-                self._give_up(w, lost)
+            if not self._checkpoint_held(w):
                 continue
-            w.answered_now = 0
             if w not in hit or self._fail_or_rerun(w, str(exc)):
                 again.append(w.shard)
         for shard in reversed(again):
@@ -325,16 +321,23 @@ class ShardRunner:
         if again:
             log.warning("engine died (%s); shards %s go on on a fresh engine", exc, again)
 
-    def _unanswered(self, w: ShardWork) -> None:
-        """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
-        the answers, and run the shard again here or name it failed."""
-        left = w.remaining
+    def _checkpoint_held(self, w: ShardWork) -> bool:
+        """Checkpoint ``w``'s answers before it leaves this engine; False (and ``w`` given
+        up) when another worker took it over."""
         try:
             self._checkpoint(w)
         except LeaseLostError as lost:
             self._give_up(w, lost)
-            return
+            return False
         w.answered_now = 0
+        return True
+
+    def _unanswered(self, w: ShardWork) -> None:
+        """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
+        the answers, and run the shard again here or name it failed."""
+        left = w.remaining
+        if not self._checkpoint_held(w):
+            return
         reason = (
             f"{left} record(s) left unanswered (the engine aborted them); "
             "they are asked again on the next attempt"
