@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +20,6 @@ from nightshift.io.outputs import JobOutput
 from .conftest import spec_dict
 from .durable import NIGHTSHIFT, assert_exactly_once, committed_ids, report
 
-LABELS = {"billing", "bug", "feature_request", "account", "other"}
 STOPPED = 3
 
 
@@ -219,3 +217,66 @@ def test_a_worker_stopped_while_holding_a_lease_releases_it(
         if shard not in committed:  # released, not left to expire in 600 s
             assert observer.holder(shard)["released"]
             assert ShardLeases(output.store, "next-worker", ttl_s=600).claim(shard)
+
+
+@pytest.mark.engine
+def test_a_frozen_engine_core_is_killed_and_replaced_and_the_job_completes(
+    models, ticket_dir, tmp_path, monkeypatch
+):
+    """Real vLLM: the engine-core process is SIGSTOPped right after the first commit;
+    within run.stall_s the watchdog kills it with its children, the shards in flight go
+    on from their checkpoints on a fresh engine, and every id is answered once."""
+    from nightshift.io.shardstore import ShardStore
+    from nightshift.jobs.loading import validate_spec
+    from nightshift.pipelines.direct import run_job
+
+    commit, frozen = ShardStore.commit, []
+
+    def commit_then_freeze(self, shard, *args, **kwargs):
+        done = commit(self, shard, *args, **kwargs)
+        for child in [] if frozen else psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    os.kill(child.pid, signal.SIGSTOP)
+                    frozen.append(child)
+        return done
+
+    monkeypatch.setattr(ShardStore, "commit", commit_then_freeze)
+    monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
+    out = tmp_path / "out"
+    data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
+    data["run"] = {"chunk_records": 8, "stall_s": 5}
+    outcome = run_job(validate_spec(data), progress=False)
+
+    assert frozen
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in frozen)
+    run = outcome.report["this_run"]
+    assert run["engine_stalls"] == 1 and run["engine_starts"] == 2
+    assert outcome.report["shards"]["complete"]
+    ids = pl.read_parquet(ticket_dir)["ticket_id"].to_list()
+    assert_exactly_once(str(out), "ticket_id", ids)
+    assert committed_ids(str(out), "ticket_id")["failed"] == []
+
+
+@pytest.mark.engine
+def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
+    models, ticket_dir, tmp_path, write_spec
+):
+    """Real vLLM: SIGTERM mid-shard exits 3 within run.stop_s, the report says stopped,
+    no aborted request became a row; the rerun (fake engine: the fingerprint allows it)
+    answers exactly the rest."""
+    out = tmp_path / "out"
+    data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
+    data["run"] = {"chunk_records": 8, "stop_s": 60}
+    spec = write_spec(data)
+    run = start(spec, "-q")
+    wait_for(lambda: checkpointed(out), run, timeout=600)
+    took = stop_within(run, 60)
+    assert run.returncode == STOPPED, run.stderr
+    assert took < 60
+    first = report(str(out))
+    assert first["stopped"]["signal"] == "SIGTERM"
+    again = start(spec, "-q", "--set", "run.engine=fake")
+    again.communicate(timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert_answered_once_in_two_runs(out, ticket_dir, first, report(str(out)))

@@ -158,6 +158,11 @@ class VllmEngine:
         reaches every report.
         """
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep start-up noise off screen
+        # vLLM's own logging set-up (dictConfig) flushes every handler while it holds
+        # logging's lock: Prefect's API log handler then waits for its worker thread,
+        # which waits for that lock, and the engine start hangs for ever. Without it,
+        # vLLM's warnings still reach stderr (logging's last-resort handler).
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
