@@ -164,7 +164,7 @@ def contract_records(tmp: Path) -> Path:
     from nightshift.demo.tickets import corpus
 
     rng, lines = random.Random(5), list(corpus(3000, seed=7))
-    contracts = [" ".join(rng.sample(lines, 60)) for _ in range(CONTRACTS)]
+    contracts = [" ".join(rng.sample(lines, 17)) for _ in range(CONTRACTS)]  # ~650 tokens
     rows = [
         {"id": f"c{c}-q{q}", "contract": contracts[c], "question": f"Clause {q}: {lines[q]}?"}
         for q in range(QUESTIONS)
@@ -238,6 +238,9 @@ def main() -> None:
         "benchmark": "nightshift jobs run (the flow) vs bare LLM.generate, one engine a side",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": 2},
     }
+    out = ROOT / "benchmarks/results/overhead.json"
+    if args.only and out.exists():  # keep the other workload's figures
+        figures = {**json.loads(out.read_text()), **figures}
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "tickets"):
             t = figures["tickets"] = tickets(args.records, Path(tmp))
@@ -245,10 +248,10 @@ def main() -> None:
             t["flow_vs_bare_pct"] = 100 * (m["one_shard"] - m["bare"]) / m["bare"]
             t["six_vs_one_shard_pct"] = 100 * (m["six_shards"] - m["one_shard"]) / m["one_shard"]
             t["met"] = t["flow_vs_bare_pct"] < 5 and t["six_vs_one_shard_pct"] < 5
+            out.write_text(json.dumps(figures, indent=2) + "\n")
         if args.only in (None, "contracts"):
             c = figures["contracts"] = contracts(Path(tmp))
             c["met"] = c["share_of_ideal_speedup"] >= 0.9
-    out = ROOT / "benchmarks/results/overhead.json"
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
 

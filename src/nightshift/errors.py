@@ -74,6 +74,11 @@ class EngineFatalError(EngineError):
     """The engine died; the work in flight must be retried on a fresh engine."""
 
 
+class EngineStalledError(EngineFatalError):
+    """The engine made no progress for ``run.stall_s`` with requests in flight and was
+    killed with its process tree; its shards continue on a fresh engine (an attempt)."""
+
+
 class StoreError(NightshiftError):
     """The object store (local directory or S3) failed after its retries."""
 
@@ -93,6 +98,13 @@ class LeaseLostError(NightshiftError):
 
 class ShardsFailedError(NightshiftError):
     """Some shards are still failed after all their attempts; rerun to retry them."""
+
+
+class RunStoppedError(NightshiftError):
+    """The run was asked to stop (SIGTERM, Ctrl-C, a Prefect cancellation) before this
+    shard committed: its answers are checkpointed, a rerun continues it. Never retried."""
+
+    exit_code = 3  # ``nightshift jobs run`` / ``jobs work`` exit code after a graceful stop
 
 
 class ShardAttemptFailed(NightshiftError):

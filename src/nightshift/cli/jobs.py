@@ -1,7 +1,10 @@
 """``nightshift jobs run | plan``: the job commands.
 
 User mistakes (a bad spec, a missing file) print one message and exit with code 2; an
-engine that cannot start or dies exits with code 1; only real bugs show a traceback.
+engine that cannot start or dies exits with code 1; a run stopped gracefully (SIGTERM,
+Ctrl-C, a Prefect cancellation) exits with code 3 once its answers are checkpointed and
+its report written (a second signal, or a stop past run.stop_s, exits at once with
+128 + the signal's number); only real bugs show a traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from nightshift.errors import NightshiftError, UserError
+from nightshift.errors import NightshiftError, RunStoppedError, UserError
 
 jobs_app = typer.Typer(help="Run and plan bulk generation jobs.", no_args_is_help=True)
 
@@ -61,7 +64,9 @@ def run(
     """Run a job as a Prefect flow: plan, generate with vLLM, write results and the
     report. Rerun the same command to resume (committed shards are skipped, partial ones
     continue) and to add records new in the input. Reports to PREFECT_API_URL when set,
-    else to a temporary local Prefect server."""
+    else to a temporary local Prefect server. SIGTERM, Ctrl-C or a Prefect cancellation
+    stop it gracefully (answers held are checkpointed, the report is marked stopped) with
+    exit code 3 within run.stop_s; a second signal exits at once."""
     from nightshift.jobs.loading import load_spec
     from nightshift.pipelines.local import run_flow_once
     from nightshift.reports.report import summary_lines
@@ -83,6 +88,18 @@ def run(
     typer.echo(f"report: {report['report']} (and report.md beside it)")
     if report.get("engine_log"):
         typer.echo(f"engine log: {report['engine_log']} (the engine's own output; -v shows it)")
+    _exit_if_stopped(report)
+
+
+def _exit_if_stopped(report: dict) -> None:
+    stopped = report.get("stopped")
+    if stopped:
+        typer.echo(
+            f"stopped ({stopped['signal']}) after {stopped['at_s']:.1f}s: the answers held "
+            "are checkpointed; rerun the same command to answer the rest",
+            err=True,
+        )
+        raise typer.Exit(RunStoppedError.exit_code)
 
 
 @jobs_app.command("work")
@@ -94,7 +111,9 @@ def work(
 ) -> None:
     """Join a job as one more worker: claim its uncommitted shards one at a time and run
     them on one engine, until every shard is committed. Start as many as you have GPUs,
-    on any machine that reaches the output; the job must be planned first."""
+    on any machine that reaches the output; the job must be planned first. SIGTERM,
+    Ctrl-C or a Prefect cancellation stop it gracefully, releasing its shards' leases
+    (exit code 3)."""
     from nightshift.io.leases import check_worker_id
     from nightshift.jobs.loading import load_spec
     from nightshift.pipelines.local import run_worker
@@ -103,6 +122,7 @@ def work(
     load_spec(spec, overrides)
     done = run_worker(str(spec), overrides, worker)
     typer.echo(f"{done['worker']}: committed shards {done['shards']}")
+    _exit_if_stopped(done)
 
 
 @jobs_app.command("status")

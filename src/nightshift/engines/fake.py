@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.errors import EngineFatalError
+from nightshift.errors import EngineFatalError, EngineStalledError
 
 
 def _digest(token_ids: Sequence[int]) -> int:
@@ -56,7 +56,10 @@ class FakeEngine:
     ``die_after`` makes the engine die (EngineFatalError) once, after that many results,
     as a crashed vLLM engine process would. ``abort_every`` returns every n-th request
     it takes aborted (no answer, as vLLM's ``abort``), and ``flaky_every`` fails every
-    n-th with a retryable error (as vLLM's ``error`` finish). ``seconds_per_record``
+    n-th with a retryable error (as vLLM's ``error`` finish). ``hang_after`` makes it
+    hang once, after that many results, as a frozen engine core does: with ``stall_s``
+    its stall watch (vLLM's, ``StallWatch``) ends the hang as ``EngineStalledError``
+    (the "fresh engine" after it works). ``seconds_per_record``
     slows it down and ``log`` (a file path) gets one line per generated request (its
     ``prompt_digest``), for the kill tests.
 
@@ -87,6 +90,8 @@ class FakeEngine:
         log: str | None = None,
         abort_every: int | None = None,
         flaky_every: int | None = None,
+        hang_after: int | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -107,19 +112,48 @@ class FakeEngine:
         self._abort_every, self._flaky_every = abort_every, flaky_every
         self.aborted: list[str] = []  # prompt_digest of each request returned aborted
         self.calls = 0
+        self._hang_after, self.stall_s = hang_after, stall_s
+        self.stalls = 0  # hangs its stall watch ended
+        self._interrupted = False
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
     ) -> Iterator[EngineResult]:
         self.calls += 1
+        self._interrupted = False
         pending, exhausted = iter(requests), False
-        while not exhausted:
+        while not exhausted and not self._interrupted:
             window, exhausted = self._take_window(pending)
             results = [self._one(request, sampling) for request in window]
             self._write_log(window, results)
             for result in reversed(results):
                 self._maybe_die()
+                if self._maybe_hang():
+                    return  # interrupted while hung: the rest are aborted, no answers
                 yield result
+
+    def interrupt(self) -> None:
+        """Return from ``run`` at the next result (the run is stopping)."""
+        self._interrupted = True
+
+    def _maybe_hang(self) -> bool:
+        """Hang here (``hang_after``) until the stall watch trips (EngineStalledError) or
+        the run is interrupted (True)."""
+        if self._hang_after is None or self._hang_after > 0:
+            if self._hang_after is not None:
+                self._hang_after -= 1
+            return False
+        self._hang_after = None  # once
+        from nightshift.engines.vllm_engine import StallWatch  # imports no vLLM
+
+        watch = StallWatch(self.stall_s, lambda: self._stats.output_tokens)
+        watch.begin_step()  # a step that never returns
+        while not self._interrupted:
+            if watch.stalled():
+                self.stalls += 1
+                raise EngineStalledError(f"fake engine hung for {self.stall_s:g}s (hang_after)")
+            time.sleep(0.02)
+        return True
 
     def _take_window(self, pending: Iterator[EngineRequest | None]) -> tuple[list, bool]:
         """Up to ``window`` requests; fewer when the stream has none ready (None) or

@@ -14,13 +14,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.errors import EngineError, EngineFatalError, SpecError
+from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
 
 log = logging.getLogger(__name__)
 # vLLM reconfigures the logging module (dictConfig) on import and at each LLM(): that
@@ -75,8 +75,61 @@ def fp8_kv_unsupported_reason() -> str | None:
     return "vLLM's CPU backend needs AVX-512 or AMX for an FP8 KV cache; this CPU has neither"
 
 
+class StallWatch:
+    """Says when an engine is hung: for ``stall_s`` seconds spent inside its steps, no
+    request finished and no token was generated. Only time in ``step()`` counts (a
+    caller busy writing a checkpoint is not a hung engine), and ``tokens`` (vLLM's
+    generated-token counter, costly to read) is asked only once half of ``stall_s``
+    passed with no request finished. Without a token counter a returned step counts.
+    Thread-safe enough: the run loop writes, one watchdog thread reads."""
+
+    def __init__(
+        self,
+        stall_s: float | None,
+        tokens: Callable[[], int | None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stall_s, self._tokens, self._clock = stall_s, tokens, clock
+        self.finished = 0  # requests finished, counted by the run loop
+        self.steps = 0
+        self._stepped = 0.0  # seconds spent in finished steps
+        self._step_began: float | None = None
+        self._seen: tuple[int, Any] = (0, None)  # (finished, tokens) at the last progress
+        self._progress_at = 0.0  # engine seconds at the last progress
+
+    def begin_step(self) -> None:
+        self._step_began = self._clock()
+
+    def end_step(self) -> None:
+        began, self._step_began = self._step_began, None
+        if began is not None:
+            self._stepped += self._clock() - began
+        self.steps += 1
+
+    def engine_seconds(self) -> float:
+        began = self._step_began
+        return self._stepped + (self._clock() - began if began is not None else 0.0)
+
+    def stalled(self) -> bool:
+        if self.stall_s is None:
+            return False
+        now = self.engine_seconds()
+        finished, tokens = self.finished, self._seen[1]
+        if finished == self._seen[0]:  # nothing finished since the last progress
+            if now - self._progress_at < self.stall_s / 2:
+                return False  # not yet suspicious: leave the counter alone
+            counted = self._tokens()
+            tokens = counted if counted is not None else ("steps", self.steps)
+        if (finished, tokens) != self._seen:
+            self._seen, self._progress_at = (finished, tokens), now
+            return False
+        return now - self._progress_at >= self.stall_s
+
+
 class VllmEngine:
-    def __init__(self, llm: Any, notes: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, llm: Any, notes: dict[str, Any] | None = None, stall_s: float | None = None
+    ) -> None:
         self._llm = llm
         cache = llm.llm_engine.vllm_config.cache_config
         blocks = cache.num_gpu_blocks or 0
@@ -92,16 +145,25 @@ class VllmEngine:
         self.read_ahead = max(4 * max_num_seqs, 256)
         self._alive = threading.Event()
         self._alive.set()
+        self._interrupted = threading.Event()
+        self.stalled = False  # set once the watchdog killed this engine as hung
+        self._in_flight = 0
+        self._watch = StallWatch(stall_s, self._generated_tokens)
         _wake_reader_when_engine_dies(llm, self._alive)
+        if stall_s is not None:
+            threading.Thread(
+                target=self._watchdog, name="nightshift-stall-watch", daemon=True
+            ).start()
 
     @classmethod
-    def start(cls, args: dict[str, Any], cpu_kv_cache_gib: int) -> VllmEngine:
+    def start(
+        cls, args: dict[str, Any], cpu_kv_cache_gib: int, stall_s: float | None = None
+    ) -> VllmEngine:
         """Start ``vllm.LLM(**args)``; without FP8 KV where this machine cannot hold it.
 
         The fallback is never silent: it is logged and kept in ``info.settings``, so it
         reaches every report.
         """
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep start-up noise off screen
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
@@ -111,14 +173,14 @@ class VllmEngine:
         reason = fp8_kv_unsupported_reason() if "fp8" in requested else None
         if reason is None:
             try:
-                return cls(_start_llm(args))
+                return cls(_start_llm(args), stall_s=stall_s)
             except EngineError as exc:
                 if "fp8" not in requested:
                     raise
                 reason = f"vLLM did not start with an FP8 KV cache ({exc})"
         log.warning("engine.kv_cache_dtype %s falls back to auto: %s", requested, reason)
         notes = {"kv_cache_dtype_requested": requested, "kv_cache_fallback": reason}
-        return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes)
+        return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes, stall_s)
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
         """Feed ``LLMEngine`` a sliding window of requests and yield each as it finishes.
@@ -131,8 +193,10 @@ class VllmEngine:
 
         engine, params = self._llm.llm_engine, _sampling_params(sampling)
         pending, in_flight, exhausted = iter(requests), set(), False
+        watch = self._watch
+        self._interrupted.clear()
         try:
-            while True:
+            while not self._interrupted.is_set():  # interrupt(): the run is stopping
                 room, taken = self.read_ahead - len(in_flight), 0
                 for request in islice(pending, room):
                     if request is None:  # none ready yet: step what we hold, ask again
@@ -149,16 +213,62 @@ class VllmEngine:
                     if exhausted:
                         return
                     continue
-                for out in engine.step():
+                self._in_flight = len(in_flight)
+                watch.begin_step()
+                try:
+                    outputs = engine.step()  # a hung core never returns: see _watchdog
+                finally:
+                    watch.end_step()
+                for out in outputs:
                     if out.finished:
                         in_flight.discard(out.request_id)
+                        watch.finished += 1
                         yield _result(int(out.request_id), out)
         except EngineDeadError as exc:
+            if self.stalled:
+                raise EngineStalledError(
+                    f"vLLM engine hung: no progress for {watch.stall_s:g}s with "
+                    f"{len(in_flight)} request(s) in flight; it was killed"
+                ) from exc
             raise EngineFatalError(f"vLLM engine died: {exc}") from exc
         finally:
+            self._in_flight = 0
             if in_flight and self._llm is not None:  # the caller stopped early, or it died
                 with contextlib.suppress(Exception):  # a dead engine cannot abort anything
                     engine.abort_request(list(in_flight))
+
+    def interrupt(self) -> None:
+        """Make ``run`` return after the current step (the run is stopping); the requests
+        it held are aborted, and none of them is an answer."""
+        self._interrupted.set()
+
+    def kill(self) -> None:
+        """SIGKILL the engine's processes (EngineCore and its children): vLLM then raises
+        EngineDeadError in the caller's ``step()``, even one that never returns."""
+        kill_process_tree(_engine_pids(self._llm) if self._llm is not None else [])
+
+    def _watchdog(self) -> None:
+        period = min(5.0, max(0.2, (self._watch.stall_s or 1.0) / 5))
+        while self._alive.is_set():
+            time.sleep(period)
+            if self._alive.is_set() and self._watch.stalled():
+                log.warning(
+                    "engine hung: no token and no finished request for %gs with %d "
+                    "request(s) in flight; killing it and continuing on a fresh engine",
+                    self._watch.stall_s,
+                    self._in_flight,
+                )
+                self.stalled = True
+                self.kill()
+                return
+
+    def _generated_tokens(self) -> int | None:
+        """vLLM's generated-token counter (client side, updated by each step)."""
+        try:
+            found = [m.value for m in self._llm.get_metrics() if m.name == "vllm:generation_tokens"]
+        except Exception:  # closed, or no stat loggers: fall back to steps
+            return None
+        return int(sum(found)) if found else None
 
     def _add(self, engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
         """Queue one request; vLLM's own input checks failing is that record's error."""
@@ -193,6 +303,30 @@ class VllmEngine:
         if shutdown:
             shutdown()
         self._llm = None
+
+
+def _engine_pids(llm: Any) -> list[int]:
+    """The engine-core processes of ``llm`` (vLLM's engine manager knows them); never
+    another child of this process, such as Prefect's temporary server."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    return [p.pid for p in getattr(manager, "processes", None) or [] if p.pid]
+
+
+def kill_process_tree(pids: list[int]) -> None:
+    """SIGKILL each process and all its descendants (children first: none is left
+    orphaned). A SIGSTOPped process dies too."""
+    import psutil
+
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            tree = [*root.children(recursive=True), root]
+        except psutil.NoSuchProcess:
+            continue
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 def _wake_reader_when_engine_dies(llm: Any, alive: threading.Event) -> None:

@@ -330,6 +330,21 @@ class RunSpec(_Section):
         description="Seconds Prefect waits before retrying a failed shard task, one per "
         "retry (the last repeats); retries = run.shard_attempts - 1.",
     )
+    stall_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="The engine is hung when, with requests in flight, it generates no "
+        "token and finishes no request for this long: it is killed with its processes and "
+        "its shards continue on a fresh engine (an attempt). A healthy engine generates "
+        "tokens every step (well under a second); keep it far above your slowest step.",
+    )
+    stop_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="After SIGTERM, Ctrl-C or a Prefect cancellation the run stops "
+        "gracefully (checkpoints what it holds, writes the report, exits with code 3); "
+        "past this many seconds it exits at once. Keep it under your platform's notice.",
+    )
 
 
 class ScheduleSpec(_Section):

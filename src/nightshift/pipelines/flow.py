@@ -13,10 +13,16 @@ without Prefect is the same run.
 - Shard tasks run one at a time per engine, and the flow holds a slot of the host's
   GPU concurrency limit (``pipelines.slots``) while its engine is up, so two jobs on
   one machine queue instead of loading two engines onto one GPU.
+- SIGTERM, Ctrl-C or a Prefect cancellation stops the run gracefully
+  (``pipelines.stops``): the report is written marked ``stopped`` and the flow run ends
+  Cancelled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from contextlib import ExitStack
 from datetime import datetime
@@ -27,11 +33,12 @@ from prefect.cache_policies import NONE
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from nightshift.errors import ShardAttemptFailed, ShardsFailedError
+from nightshift.errors import RunStoppedError, ShardAttemptFailed, ShardsFailedError
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
+from nightshift.pipelines.stops import GracefulStop, cancelled_state, graceful_stop
 from nightshift.reports.assemble import finish_run
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
@@ -127,25 +134,30 @@ def job_flow(
     worker processes on this machine, one engine each (``pipelines.workers``)."""
     began = time.perf_counter()  # the run's clock: engine start-up may begin before planning
     spec = load_spec(spec_path, overrides)
-    engines = EnginePool(spec)
-    try:
-        with ExitStack() as gpu:
-            early = workers == 1 and work_may_be_left(spec, overwrite, new_run)
-            if early and try_gpu_slot(gpu, spec):
-                engines.start_early()  # its start-up runs while the plan is built
-            else:
-                early = False
-            check_engine_spec(spec)
-            job = plan_task(spec, overwrite, new_run, progress and workers == 1, began)
-            if job.todo and workers > 1:
-                _run_workers(spec, job, engines, spec_path, overrides or [], workers)
-            elif job.todo:
-                if not early:
-                    gpu.enter_context(gpu_slot(spec))
-                _run_shards(spec, job, engines)
-            engines.close()  # free the GPU before its slot
-    finally:
-        engines.close()  # a failed plan: the engine that was starting is shut down
+    with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
+        engines = EnginePool(spec)
+        stop.on_kill(engines.kill)
+        try:
+            with ExitStack() as gpu:
+                early = workers == 1 and work_may_be_left(spec, overwrite, new_run)
+                if early and try_gpu_slot(gpu, spec):
+                    engines.start_early()  # its start-up runs while the plan is built
+                else:
+                    early = False
+                check_engine_spec(spec)
+                job = plan_task(spec, overwrite, new_run, progress and workers == 1, began)
+                if job.todo and workers > 1 and not stop.requested.is_set():
+                    stop.on_stop(lambda: _stop_workers(stop))
+                    _run_workers(spec, job, engines, spec_path, overrides or [], workers)
+                elif job.todo and not stop.requested.is_set():
+                    if not early:
+                        gpu.enter_context(gpu_slot(spec))
+                    _run_shards(spec, job, engines, stop)
+                engines.close()  # free the GPU before its slot
+        finally:
+            engines.close()  # a failed plan: the engine that was starting is shut down
+        if stop.requested.is_set():
+            return _stopped(job, engines, stop)
     report = report_task(job, engines)
     raise_if_failed(job)
     if not report["shards"]["complete"]:  # every worker died, or gave the rest up
@@ -154,6 +166,30 @@ def job_flow(
             "uncommitted when the workers stopped; rerun the same command to finish them"
         )
     return report
+
+
+def _stopped(job: JobRun, engines: EnginePool, stop: GracefulStop):
+    """Write the report of a stopped run, marked so, and end the flow run Cancelled.
+    Not through ``report_task``: a cancelling flow run's tasks may not start."""
+    outcome = finish_run(job, engines, stopped=stop.describe(job.progress.started))
+    with contextlib.suppress(Exception):  # artifacts are a copy; report.json is written
+        publish_report(outcome.report)
+    stop.report = outcome.report
+    return cancelled_state(stop)
+
+
+def _stop_workers(stop: GracefulStop) -> None:
+    """Pass a stop on to the local worker processes (``--workers N``). Not a Ctrl-C: the
+    terminal sent it to the workers too, and a second one would make them exit at once."""
+    import psutil
+
+    if stop.why == "SIGINT":
+        return
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            line = child.cmdline()
+            if "work" in line and "--worker" in line:
+                os.kill(child.pid, signal.SIGTERM)
 
 
 def _run_workers(
@@ -170,11 +206,12 @@ def _run_workers(
     absorb_worker_figures(job, engines, figures)
 
 
-def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:
+def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool, stop: GracefulStop) -> None:
     """Map the shards onto one feeding loop, wait for all of them, re-raise a job-level
     error if one stopped. A few shard tasks run at once, so the loop always holds the
     next shard before the current one commits."""
     feeding = FeedingLoop(job.runner, engines)
+    stop.on_stop(lambda: feeding.request_stop(f"the run was stopped ({stop.why})"))
     try:
         futures = shard_task_for(spec).map(shard=job.todo, feeding=unmapped(feeding))
         futures.wait()
@@ -183,5 +220,7 @@ def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool) -> None:
     for future in futures:
         if future.state.is_failed():
             error = future.result(raise_on_failure=False)
-            if not isinstance(error, ShardAttemptFailed):
+            if stop.requested.is_set():
+                continue  # stopped, or not started in a cancelling flow run: rerun them
+            if not isinstance(error, ShardAttemptFailed | RunStoppedError):
                 raise error

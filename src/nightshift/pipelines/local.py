@@ -5,6 +5,11 @@ its temporary local server for the run. Either way Prefect's own console logging
 turned down, so the screen shows nightshift's progress bar, its warnings and the summary;
 everything Prefect logs still reaches the server (the UI's flow-run page). Pass
 ``verbose`` to see Prefect's console logs too. Settings the user has set win.
+
+SIGTERM, a first Ctrl-C or a cancellation of the flow run stop it gracefully: the flow
+body handles them (``pipelines.stops``; Prefect's own SIGTERM handler is replaced only
+while it runs), the flow run ends Cancelled, and the report returned here is marked
+``stopped`` (the CLI exits with code 3).
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ def run_flow_once(
         from nightshift.pipelines.flow import job_flow  # imports Prefect (and its noise)
 
         _show_nightshift_warnings()
-        report = job_flow(
+        report = _unless_stopped(
+            job_flow,
             spec_path=str(spec_path),
             overrides=list(overrides or []),
             overwrite=overwrite,
@@ -79,10 +85,25 @@ def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict
         from nightshift.pipelines.workers import worker_flow  # imports Prefect
 
         _show_nightshift_warnings()
-        done = worker_flow(
-            spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])
+        done = _unless_stopped(
+            worker_flow, spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])
         )
     return {**done, "engine_log": str(log)}
+
+
+def _unless_stopped(flow, **parameters) -> dict[str, Any]:
+    """Run ``flow``; a flow run that was stopped gracefully ends Cancelled (which Prefect
+    raises here): return its report, marked ``stopped``, instead."""
+    from nightshift.pipelines import stops
+
+    before = stops.last_stop()
+    try:
+        return flow(**parameters)
+    except Exception:
+        stop = stops.last_stop()
+        if stop is None or stop is before or stop.report is None:
+            raise
+        return stop.report
 
 
 def prefect_defaults(quiet: bool) -> None:

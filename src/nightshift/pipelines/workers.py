@@ -13,11 +13,15 @@ other work pool, one pod per GPU (see the README, "Scale-out").
 A worker that dies stops renewing its lease; once it expires (``run.lease_s``) another
 worker takes the shard over and continues from its checkpoints. The commit marker, a
 conditional create, keeps a shard from being committed twice whatever the timing.
+A worker that is stopped (SIGTERM, Ctrl-C, a Prefect cancellation: ``pipelines.stops``)
+claims nothing more, checkpoints what it holds and releases its leases, so another
+worker takes its shards over at once instead of after the lease expires.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,11 +32,12 @@ from prefect import flow
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 
-from nightshift.errors import LeaseLostError, ShardAttemptFailed
+from nightshift.errors import LeaseLostError, RunStoppedError, ShardAttemptFailed
 from nightshift.io.leases import Lease, LeaseKeeper, ShardLeases
 from nightshift.jobs.loading import load_spec
 from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
+from nightshift.pipelines.stops import cancelled_state, graceful_stop
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, start_run
@@ -62,24 +67,37 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
     """Claim and run this job's shards until every one is committed (or failed here)."""
     spec = load_spec(spec_path, overrides)
     check_engine_spec(spec)
-    job = start_run(spec, progress=False, retry_in_place=False, as_worker=True)
-    worker_id = f"{worker}-{uuid.uuid4().hex[:6]}"
-    leases = ShardLeases(job.output.store, worker_id, ttl_s=spec.run.lease_s)
-    engines = EnginePool(spec)
-    feeding = FeedingLoop(job.runner, engines)
-    try:
-        with gpu_slot(spec):
-            done = claim_and_run(job, feeding, leases)
-    finally:
-        feeding.close()
-        engines.close()
-    job.progress.close(job.runner.totals)
-    write_worker_figures(job, engines, worker_id)
-    return {"worker": worker_id, "shards": done}
+    with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
+        job = start_run(spec, progress=False, retry_in_place=False, as_worker=True)
+        worker_id = f"{worker}-{uuid.uuid4().hex[:6]}"
+        leases = ShardLeases(job.output.store, worker_id, ttl_s=spec.run.lease_s)
+        engines = EnginePool(spec)
+        feeding = FeedingLoop(job.runner, engines)
+        stop.on_stop(lambda: feeding.request_stop(f"the worker was stopped ({stop.why})"))
+        stop.on_kill(engines.kill)
+        try:
+            with gpu_slot(spec):
+                done = claim_and_run(job, feeding, leases, stop.requested)
+        finally:
+            feeding.close()
+            engines.close()
+        job.progress.close(job.runner.totals)
+        write_worker_figures(job, engines, worker_id)
+        result = {"worker": worker_id, "shards": done}
+        if stop.requested.is_set():
+            stop.report = {**result, "stopped": stop.describe(job.progress.started)}
+            return cancelled_state(stop)
+    return result
 
 
-def claim_and_run(job: JobRun, feeding: FeedingLoop, leases: ShardLeases) -> list[int]:
-    """The worker loop: the shards this worker committed, in order.
+def claim_and_run(
+    job: JobRun,
+    feeding: FeedingLoop,
+    leases: ShardLeases,
+    stopping: threading.Event | None = None,
+) -> list[int]:
+    """The worker loop: the shards this worker committed, in order. Once ``stopping``
+    is set it claims nothing more and returns when the shards it holds have settled.
 
     Each shard's marker is read on its own, and a shard seen committed is never looked
     at again: a worker costs the store a few reads per shard, not a read of every
@@ -93,6 +111,8 @@ def claim_and_run(job: JobRun, feeding: FeedingLoop, leases: ShardLeases) -> lis
                 done.append(shard)
             settled.add(shard)
         left = [s for s in job.todo if s not in settled and s not in held]
+        if stopping is not None and stopping.is_set():
+            left = []  # claim nothing more
         if not left and not held:
             return done
         if left and len(held) < SHARDS_AHEAD:
@@ -150,8 +170,8 @@ def _settle(leases: ShardLeases, claimed: Claimed, job: JobRun) -> bool:
     error = claimed.future.result(raise_on_failure=False)
     if isinstance(error, LeaseLostError):
         log.warning("shard %d was taken over by another worker; moving on", shard)
-    elif isinstance(error, ShardAttemptFailed):
-        leases.release(claimed.lease)
+    elif isinstance(error, ShardAttemptFailed | RunStoppedError):
+        leases.release(claimed.lease)  # another worker may take it over at once
     else:
         raise error
     return False

@@ -19,8 +19,11 @@ class RunOutcome:
     location: str
 
 
-def finish_run(job: JobRun, engines: EnginePool) -> RunOutcome:
-    """Write the report, after the engines are closed (they add their counters)."""
+def finish_run(
+    job: JobRun, engines: EnginePool, stopped: dict[str, Any] | None = None
+) -> RunOutcome:
+    """Write the report, after the engines are closed (they add their counters).
+    ``stopped``: what stopped the run early (``report["stopped"]``), if anything did."""
     runner = job.runner
     job.progress.close(runner.totals)
     finished = job.progress.now()
@@ -38,7 +41,7 @@ def finish_run(job: JobRun, engines: EnginePool) -> RunOutcome:
         overlap=overlap,
         wrap_up=finished - ended,
     )
-    return RunOutcome(_report(job, engines, times), job.output.location)
+    return RunOutcome(_report(job, engines, times, stopped), job.output.location)
 
 
 def startup_seconds(
@@ -53,7 +56,9 @@ def startup_seconds(
     return startup, overlap
 
 
-def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
+def _report(
+    job: JobRun, engines: EnginePool, times: Timings, stopped: dict[str, Any] | None
+) -> dict[str, Any]:
     """This run's figures, the whole output's counts from the commit markers, written
     after the stale files of dead or losing attempts are deleted."""
     spec, output, runner, manifest = job.spec, job.output, job.runner, job.manifest
@@ -70,7 +75,11 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
             "output": runner.totals.output_tokens,
         },
         "engine_starts": engines.starts,
+        # Engines killed as hung (run.stall_s); their shards went on on a fresh engine.
+        "engine_stalls": runner.engine_stalls,
     }
+    if stopped is not None:  # stopped early (a signal, a cancellation): rerun to finish
+        report["stopped"] = stopped
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()

@@ -220,7 +220,7 @@ def report_markdown(report: dict[str, Any], chart_name: str | None = "report.png
     """report.md: headline, Records, Tokens, Time, Throughput, Cost (with its formula
     worked out), the chart when ``chart_name`` is given and the report has a timeline,
     and a table of this run's shards."""
-    lines = [f"# {report['job']}", "", headline(report), ""]
+    lines = [f"# {report['job']}", "", headline(report), "", *stop_lines(report)]
     for section in headline_sections(report):
         lines += [f"## {section.title}", "", section.note, "", *markdown_table(section.rows)]
         if section.title == "Cost":
@@ -251,6 +251,26 @@ def headline(report: dict[str, Any]) -> str:
         f". This run: {duration(report['time_s']['total'])} wall time, "
         f"{usd(cost['usd_total'])} on {count(cost['gpus'])}x {cost['gpu']}."
     )
+
+
+def stop_lines(report: dict[str, Any]) -> list[str]:
+    """What cut the run short: a stop (signal, cancellation) and engines found hung."""
+    lines = []
+    stopped = report.get("stopped")
+    if stopped:
+        lines.append(
+            f"**Stopped** ({stopped.get('signal') or 'stop'}) "
+            f"{duration(stopped.get('at_s') or 0)} into the run: every answer it held was "
+            "checkpointed, requests in flight were not answers; rerun the same command "
+            "to answer the rest."
+        )
+    stalls = (report.get("this_run") or {}).get("engine_stalls")
+    if stalls:
+        lines.append(
+            f"The engine hung {count(stalls)} time(s) (no progress for run.stall_s): it was "
+            "killed and its shards continued from their checkpoints on a fresh engine."
+        )
+    return [line for text in lines for line in (text, "")]
 
 
 def cost_formula_lines(report: dict[str, Any]) -> list[str]:

@@ -57,7 +57,9 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
     """A vLLM engine with the very arguments (and fallbacks) a job of ``spec`` gets."""
     from nightshift.engines.vllm_engine import VllmEngine
 
-    return VllmEngine.start(engine_arguments(spec), spec.engine.cpu_kv_cache_gib)
+    return VllmEngine.start(
+        engine_arguments(spec), spec.engine.cpu_kv_cache_gib, stall_s=spec.run.stall_s
+    )
 
 
 def _fake(spec: JobSpec) -> Engine:
@@ -147,6 +149,21 @@ class EnginePool:
 
     def discard(self, engine: Engine) -> None:
         self.close()
+
+    def interrupt(self) -> None:
+        """The run is stopping: make the engine's ``run`` return soon (engines that
+        cannot be interrupted stop at their next result). Any thread may call it."""
+        interrupt = getattr(self._engine, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
+
+    def kill(self) -> None:
+        """Kill the engine's processes now (a stop that took too long, or a second
+        signal): the feeding thread's ``step()`` then fails instead of hanging."""
+        kill = getattr(self._engine, "kill", None)
+        if kill is not None:
+            with contextlib.suppress(Exception):
+                kill()
 
     def close(self) -> None:
         """Count the engine's work and shut it down (the caller's engine stays up). An

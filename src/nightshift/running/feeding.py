@@ -6,7 +6,9 @@ for it to settle; a feeding thread runs ``ShardRunner.feed_shards`` over every s
 submitted, so the next shard's records are already in the engine's batch when the
 previous one commits (no drain at shard boundaries). A shard whose engine died, or
 whose records were left unanswered, settles as failed (``ShardAttemptFailed``) and its
-task's retry submits it again; the other shards go on.
+task's retry submits it again; the other shards go on. ``request_stop`` (a signal, a
+Prefect cancellation) ends the loop early: every shard not committed settles with
+``RunStoppedError``, which is never retried.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from nightshift.errors import LeaseLostError, NightshiftError, ShardAttemptFailed
+from nightshift.errors import LeaseLostError, NightshiftError, RunStoppedError, ShardAttemptFailed
 from nightshift.running.shardqueue import ShardQueue
 from nightshift.running.shards import EngineSource, ShardRunner
 
@@ -48,6 +50,15 @@ class FeedingLoop:
         """Submit ``shard`` and wait for it (what a shard task does)."""
         return self.submit(shard).result()
 
+    def request_stop(self, why: str = "the run was stopped") -> None:
+        """Stop feeding: open shards checkpoint what they hold and fail with
+        ``RunStoppedError``, as do those waiting and any submitted later. Thread-safe."""
+        with self._lock:
+            if self.error is None:
+                self.error = RunStoppedError(f"{why} before this shard committed; rerun to finish")
+        self.runner.request_stop()
+        self.queue.close()  # wakes a feeding thread waiting for the next shard
+
     def close(self) -> None:
         """No more shards: the loop ends once those submitted have settled."""
         self.queue.close()
@@ -69,7 +80,9 @@ class FeedingLoop:
         if future is None:
             return
         failure = self.runner.failures.get(shard)
-        if shard in self.runner.lost:
+        if shard in self.runner.stopped:
+            future.set_exception(RunStoppedError(f"shard {shard}: {self.error}"))
+        elif shard in self.runner.lost:
             future.set_exception(LeaseLostError(failure))
         elif failure is not None:
             future.set_exception(ShardAttemptFailed(f"shard {shard}: {failure}"))

@@ -6,11 +6,14 @@ of them or ``run.chunk_seconds`` have passed, then checkpoints them as a chunk; 
 its last record is answered it commits (see ``io.shardstore``). A per-record error is
 a failed row and the shard goes on. An engine that dies fails the attempt of every
 shard in flight: what they checkpointed stays, and they continue on a fresh engine,
-up to ``run.shard_attempts`` times.
+up to ``run.shard_attempts`` times. A run asked to stop (``request_stop``) feeds no
+more, checkpoints every answer it holds and settles its open shards as stopped, with no
+attempt counted: the requests in flight are aborted, and none of them is an answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -26,7 +29,13 @@ import pyarrow.compute as pc
 
 from nightshift.engines.base import Engine, EngineRequest, EngineResult
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import EngineFatalError, JobAbortedError, LeaseLostError, NightshiftError
+from nightshift.errors import (
+    EngineFatalError,
+    EngineStalledError,
+    JobAbortedError,
+    LeaseLostError,
+    NightshiftError,
+)
 from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
@@ -109,11 +118,23 @@ class ShardRunner:
         self.committed: list[int] = []
         self.on_settled: Callable[[int], None] | None = None  # a shard committed or failed
         self._rerun: list[int] = []  # shards ``run`` tries again (retry_in_place)
+        self.stopping = threading.Event()  # request_stop: the run is stopping
+        self.stopped: set[int] = set()  # shards settled uncommitted because of a stop
+        self.engine_stalls = 0  # engines killed as hung (run.stall_s)
+        self._engines: EngineSource | None = None
+
+    def request_stop(self) -> None:
+        """Stop feeding; the feeding thread then checkpoints what it holds and settles
+        its open shards as ``stopped``. Any thread may call it."""
+        self.stopping.set()
+        interrupt = getattr(self._engines, "interrupt", None)
+        if interrupt is not None:
+            interrupt()  # an engine mid-batch returns after its current step
 
     def run(self, todo: list[int], engines: EngineSource) -> None:
         """Run ``todo`` to commit on one engine, retrying in place (``retry_in_place``)
         shards whose engine died or that were left with records unanswered."""
-        while todo:
+        while todo and not self.stopping.is_set():
             self._rerun = []
             self.feed_shards(ShardQueue(todo, closed=True), engines)
             todo = self._rerun
@@ -124,20 +145,28 @@ class ShardRunner:
         (``failures``) or, with ``retry_in_place``, left to ``run`` to try again. An
         engine that dies is replaced and the shards it did not fail are fed again."""
         work: dict[int, ShardWork] = {}
+        self._engines = engines
         while True:
             self._take_shards(queue, work, feed=None, wait=None)
-            if not work:
-                return  # closed, and every shard settled
+            if not work or self.stopping.is_set():
+                self._stop_open(work)
+                return  # closed, and every shard settled (or stopping)
             feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
             try:
                 for w in work.values():
                     feed.add(w.shard, w.done_ids)  # encoding starts now, not later
                 engine = engines.acquire()
                 try:
-                    self._generate(engine, feed, queue, work)
+                    if not self.stopping.is_set():
+                        self._generate(engine, feed, queue, work)
+                    self._stop_open(work)  # none left open unless stopping
                     return
                 except EngineFatalError as exc:
                     engines.discard(engine)
+                    self.engine_stalls += isinstance(exc, EngineStalledError)
+                    if self.stopping.is_set():  # killed by a stop that took too long
+                        self._stop_open(work)
+                        return
                     self._after_crash(work, exc, queue)
             finally:
                 feed.close()  # also when the engine never started: no thread, no temp copy
@@ -148,9 +177,13 @@ class ShardRunner:
         """Open the shards the queue has: one already whole commits at once, the others
         join ``work`` (and ``feed``). With nothing open, ``wait`` for one (None: until
         one comes or the queue is closed)."""
-        while (shard := queue.take(wait=wait if not work else 0)) is not None:
+        while not self.stopping.is_set():
+            shard = queue.take(wait=wait if not work else 0)
+            if shard is None:
+                return
             self.failures.pop(shard, None)  # a caller's retry starts it afresh
             self.lost.discard(shard)
+            self.stopped.discard(shard)
             w = self._resume(shard)
             if w.remaining == 0:
                 self._finish(w)  # every record already checkpointed: commit, no engine
@@ -176,8 +209,12 @@ class ShardRunner:
         self, engine: Engine, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
     ) -> None:
         sampling = sampling_for(self.spec, self.task)
-        for result in engine.run(self._requests(feed, queue, work), sampling):
-            self._take(feed, result, work)
+        results = engine.run(self._requests(feed, queue, work), sampling)
+        with contextlib.closing(results):  # closing aborts what the engine still holds
+            for result in results:
+                self._take(feed, result, work)
+                if self.stopping.is_set():
+                    return  # the answers so far stay held, to be checkpointed
 
     def _requests(
         self, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
@@ -185,7 +222,7 @@ class ShardRunner:
         """The engine's request stream: each shard's records as the shard arrives, None
         while nothing is ready (the engine steps what it holds and asks again), ending
         once the queue is finished and every request came back."""
-        while True:
+        while not self.stopping.is_set():
             self._take_shards(queue, work, feed, wait=0)
             if queue.finished:
                 feed.close_input()
@@ -321,6 +358,15 @@ class ShardRunner:
         if again:
             log.warning("engine died (%s); shards %s go on on a fresh engine", exc, again)
 
+    def _stop_open(self, work: dict[int, ShardWork]) -> None:
+        """The run is stopping: checkpoint the answers each open shard holds and settle
+        it as stopped (no attempt counted; a rerun continues it)."""
+        for w in list(work.values()):
+            if self._checkpoint_held(w):
+                self.stopped.add(w.shard)
+                self._settled(w.shard)
+        work.clear()
+
     def _checkpoint_held(self, w: ShardWork) -> bool:
         """Checkpoint ``w``'s answers before it leaves this engine; False (and ``w`` given
         up) when another worker took it over."""
@@ -335,6 +381,9 @@ class ShardRunner:
     def _unanswered(self, w: ShardWork) -> None:
         """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
         the answers, and run the shard again here or name it failed."""
+        if self.stopping.is_set():  # aborted because the run is stopping: no attempt
+            self._stop_open({w.shard: w})
+            return
         left = w.remaining
         if not self._checkpoint_held(w):
             return
