@@ -72,6 +72,8 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
         "engine_starts": engines.starts,
     }
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
+    # dedup: records answered from another record's answer, and the tokens they did not send
+    report["repeats"] = manifest.get("repeats", {"copies": 0, "prompt_tokens_not_sent": 0})
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()

@@ -31,6 +31,7 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.running.copies import CopyBook, copy_rows, not_sent
 from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
@@ -64,6 +65,8 @@ class ShardWork:
     since: float = field(default_factory=time.monotonic)
     chunks: int = 0
     answered_now: int = 0  # by the current engine: an engine that dies costs these an attempt
+    copies: dict = field(default_factory=dict)  # dedup: original id -> copies not yet done
+    skip: set = field(default_factory=set)  # ids the feed leaves out: done, and copies
 
     @property
     def held(self) -> int:
@@ -101,6 +104,7 @@ class ShardRunner:
             input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
+        self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
         self.attempt = uuid.uuid4().hex[:8]
         self._keys = itertools.count()  # request keys, unique in this run (see feed)
         self.totals = RunTotals()
@@ -131,7 +135,7 @@ class ShardRunner:
             feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
             try:
                 for w in work.values():
-                    feed.add(w.shard, w.done_ids)  # encoding starts now, not later
+                    feed.add(w.shard, w.skip)  # encoding starts now, not later
                 engine = engines.acquire()
                 try:
                     self._generate(engine, feed, queue, work)
@@ -157,7 +161,7 @@ class ShardRunner:
                 continue
             work[shard] = w
             if feed is not None:
-                feed.add(shard, w.done_ids)
+                feed.add(shard, w.skip)
 
     def records_left(self, todo: list[int]) -> int:
         """Records of ``todo`` not yet checkpointed: what this run will answer."""
@@ -170,6 +174,11 @@ class ShardRunner:
         work = ShardWork(shard, self.planned[shard], files, chunks=len(files))
         for table in self.shards.read(files, "ok") + self.shards.read(files, "failed"):
             work.done_ids.update(table.column(self.spec.input.id_column).to_pylist())
+        # dedup: copies are never fed; they are answered with their original's row
+        work.copies = self.copybook.for_shard(
+            shard, self.spec.input.id_column, self.spec.input.keep_columns, work.done_ids
+        )
+        work.skip = work.done_ids | self.copybook.ids(shard)
         return work
 
     def _generate(
@@ -226,6 +235,9 @@ class ShardRunner:
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
         self.totals.count(row, ok)
+        for copy in copy_rows(w.copies, pending.record_id, row, self.spec.input.id_column):
+            (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk
+            self.totals.count(not_sent(copy), ok)
         self.progress.answered(w.shard, self.totals)
         self._stop_if_everything_fails(w)
         if w.remaining == 0:

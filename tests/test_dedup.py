@@ -1,0 +1,130 @@
+"""Exact repeats within a job are generated once; every record still gets its own row."""
+
+from __future__ import annotations
+
+import signal
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from nightshift.engines.fake import FakeEngine, prompt_digest
+from nightshift.io.outputs import JobOutput, committed_files
+from nightshift.jobs.loading import validate_spec
+from nightshift.pipelines.direct import run_job
+
+from .conftest import spec_dict, write_records
+from .durable import assert_exactly_once, generated_prompts, read_table, report, run_cli
+
+RECORDS = 60
+DISTINCT = 20  # every prompt appears 3 times, under other ids
+
+
+def _rows() -> list[dict]:
+    return [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % DISTINCT}", "body": f"body {i % DISTINCT}"}
+        for i in range(RECORDS)
+    ]
+
+
+def _job(models, tmp_path, sampling=None, **sections) -> dict:
+    rows = _rows()
+    for n in range(3):
+        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * 20 : (n + 1) * 20])
+    return spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        tmp_path / "out",
+        plan={"shard_records": 8},
+        sampling={"max_tokens": 8, **(sampling or {})},
+        **sections,
+    )
+
+
+def _rows_by_id(location: str) -> dict:
+    output = JobOutput(location)
+    rows = {}
+    for kind in ("results", "failed"):
+        for uri in committed_files(location, kind):
+            for row in read_table(output, uri).to_pylist():
+                rows[row["ticket_id"]] = row
+    return rows
+
+
+def _original_of(i: int) -> str:
+    return f"t{i % DISTINCT:03d}"
+
+
+def test_each_distinct_prompt_is_sent_once_and_every_id_gets_its_originals_answer(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == DISTINCT  # the engine saw each distinct prompt once
+    rows = _rows_by_id(str(tmp_path / "out"))
+    assert len(rows) == RECORDS
+    for i in range(RECORDS):
+        row, original = rows[f"t{i:03d}"], rows[_original_of(i)]
+        assert row["text"] == original["text"] and row["label"] == original["label"]
+        assert row["subject"] == f"s{i % DISTINCT}"  # its own kept columns
+        assert row["answered_from"] == (None if i < DISTINCT else _original_of(i))
+    done = report(str(tmp_path / "out"))
+    assert done["repeats"]["copies"] == RECORDS - DISTINCT
+    assert done["repeats"]["prompt_tokens_not_sent"] > 0
+    plan = JobOutput(str(tmp_path / "out")).plans.manifest()
+    assert plan["repeats"]["copies"] == RECORDS - DISTINCT
+    # shards are cut over the distinct work: 20 originals in shards of 8
+    assert len(plan["shards"]["each"]) == 3
+
+
+def test_with_temperature_and_no_seed_each_record_is_its_own_sample(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path, sampling={"temperature": 0.7}))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == RECORDS
+    assert all(r["answered_from"] is None for r in _rows_by_id(str(tmp_path / "out")).values())
+
+
+def test_a_fixed_seed_dedups_at_any_temperature(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path, sampling={"temperature": 0.7, "seed": 1}))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == DISTINCT
+
+
+def test_a_failed_original_fails_its_copies_with_the_same_error(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path))
+    failing = {}
+
+    def fail_first(ids):
+        failing.setdefault("digest", prompt_digest(ids))
+        return "boom" if prompt_digest(ids) == failing["digest"] else None
+
+    run_job(spec, engine=FakeEngine(fail_when=fail_first), progress=False)
+    location = str(tmp_path / "out")
+    output = JobOutput(location)
+    failed = pa.concat_tables(
+        [read_table(output, uri) for uri in committed_files(location, "failed")]
+    ).to_pylist()
+    assert len(failed) == 3
+    originals = {r["answered_from"] or r["ticket_id"] for r in failed}
+    assert len(originals) == 1
+    assert {r["error"] for r in failed} == {"engine: boom"}
+    assert_exactly_once(location, "ticket_id", [r["ticket_id"] for r in _rows()])
+
+
+@pytest.mark.parametrize("point", ["chunk.written:2", "shard.data_written:2"])
+def test_a_kill_and_resume_stays_exact(models, tmp_path, point):
+    spec = _job(models, tmp_path, run={"chunk_records": 4, "engine": "fake"})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    first = run_cli(path, env={"NIGHTSHIFT_CRASH_AT": point})
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    log = tmp_path / "second.log"
+    second = run_cli(path, env={"NIGHTSHIFT_FAKE_LOG": str(log)})
+    assert second.returncode == 0, second.stderr
+    location = str(tmp_path / "out")
+    assert_exactly_once(location, "ticket_id", [r["ticket_id"] for r in _rows()])
+    rows = _rows_by_id(location)
+    for i in range(RECORDS):
+        assert rows[f"t{i:03d}"]["text"] == rows[_original_of(i)]["text"]
+    assert len(generated_prompts(log)) < DISTINCT  # the rerun sent only what was left
