@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.running.engines import EnginePool
@@ -74,6 +75,11 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
     # dedup: records answered from another record's answer, and the tokens they did not send
     report["repeats"] = manifest.get("repeats", {"copies": 0, "prompt_tokens_not_sent": 0})
+    c = report["cost"]  # beside the providers' batch prices (reports.compare)
+    ran_on = engine_hardware(engines.info.name if engines.info else None)
+    report["cost_compare"] = compare_section(
+        spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
+    )
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()
