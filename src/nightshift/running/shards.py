@@ -31,6 +31,7 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.running.cached import RunCache
 from nightshift.running.copies import CopyBook, copy_rows, not_sent
 from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
@@ -105,6 +106,7 @@ class ShardRunner:
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
         self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
+        self.cache = RunCache.open(spec, manifest, sampling_for(spec, self.task))  # cache.path
         self.attempt = uuid.uuid4().hex[:8]
         self._keys = itertools.count()  # request keys, unique in this run (see feed)
         self.totals = RunTotals()
@@ -207,7 +209,17 @@ class ShardRunner:
                 if idle:
                     return
                 request = None
+            if request is not None and self._answered_from_cache(feed, request, work):
+                continue  # cache.path had its answer: nothing sent
             yield request
+
+    def _answered_from_cache(
+        self, feed: RequestFeed, request: EngineRequest, work: dict[int, ShardWork]
+    ) -> bool:
+        hit = self.cache.lookup(request) if self.cache is not None else None
+        if hit is not None:
+            self._take(feed, hit, work)
+        return hit is not None
 
     def _take(self, feed: RequestFeed, result: EngineResult, work: dict[int, ShardWork]) -> None:
         """One result: a row of its shard, or nothing when it is no answer."""
@@ -234,7 +246,10 @@ class ShardRunner:
         row, ok = self.tables.row(pending.record_id, pending.kept, result)
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
-        self.totals.count(row, ok)
+        cached = self.cache is not None and self.cache.from_cache(result.key)
+        self.totals.count(not_sent(row) if cached else row, ok)
+        if self.cache is not None:
+            self.cache.store(pending.token_ids, result)
         for copy in copy_rows(w.copies, pending.record_id, row, self.spec.input.id_column):
             (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk
             self.totals.count(not_sent(copy), ok)
