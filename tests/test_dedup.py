@@ -69,7 +69,15 @@ def test_each_distinct_prompt_is_sent_once_and_every_id_gets_its_originals_answe
         assert row["answered_from"] == (None if i < DISTINCT else _original_of(i))
     done = report(str(tmp_path / "out"))
     assert done["repeats"]["copies"] == RECORDS - DISTINCT
-    assert done["repeats"]["prompt_tokens_not_sent"] > 0
+    assert done["repeats"]["prompt_tokens_not_sent"] > 0  # the plan's estimate
+    saved = done["repeats"]["this_run"]
+    assert saved["rows"] == RECORDS - DISTINCT
+    copies = [r for r in rows.values() if r["answered_from"]]
+    assert saved["prompt_tokens_not_sent"] == sum(
+        rows[r["answered_from"]]["prompt_tokens"] for r in copies
+    )
+    assert all(r["prompt_tokens"] == 0 == r["output_tokens"] for r in copies)  # not sent
+    assert done["tokens"]["prompt"] == sum(r["prompt_tokens"] for r in rows.values())
     plan = JobOutput(str(tmp_path / "out")).plans.manifest()
     assert plan["repeats"]["copies"] == RECORDS - DISTINCT
     # shards are cut over the distinct work: 20 originals in shards of 8

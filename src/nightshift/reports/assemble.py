@@ -74,7 +74,13 @@ def _report(job: JobRun, engines: EnginePool, times: Timings) -> dict[str, Any]:
     }
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
     # dedup: records answered from another record's answer, and the tokens they did not send
-    report["repeats"] = manifest.get("repeats", {"copies": 0, "prompt_tokens_not_sent": 0})
+    report["repeats"] = {
+        **manifest.get("repeats", {"copies": 0, "prompt_tokens_not_sent": 0}),
+        "this_run": {
+            k: runner.saved[k]
+            for k in ("rows", "prompt_tokens_not_sent", "output_tokens_not_generated")
+        },
+    }
     if runner.cache is not None:  # cache.path: answers found there, and stored
         report["response_cache"] = runner.cache.section()
     c = report["cost"]  # beside the providers' batch prices (reports.compare)

@@ -10,7 +10,7 @@ there), so the shard commit stays exactly-once.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import polars as pl
@@ -72,15 +72,25 @@ class CopyBook:
 
 
 def copy_rows(
-    copies: dict[Any, list[tuple[Any, dict]]], original: Any, row: dict, id_column: str
+    copies: dict[Any, list[tuple[Any, dict]]],
+    original: Any,
+    row: dict,
+    id_column: str,
+    saved: Counter,
 ) -> list[dict]:
-    """The rows of ``original``'s copies, from its row; taken once (never answered twice)."""
-    return [
-        {**row, **kept, id_column: copy, ANSWERED_FROM: original}
+    """The rows of ``original``'s copies, from its row; taken once (never answered twice).
+    A copy's token counts are 0, what it cost the engine; ``saved`` adds what it saved."""
+    rows = [
+        {**not_sent(row), **kept, id_column: copy, ANSWERED_FROM: original}
         for copy, kept in copies.pop(original, [])
     ]
+    if rows:
+        saved["rows"] += len(rows)
+        saved["prompt_tokens_not_sent"] += len(rows) * (row.get("prompt_tokens") or 0)
+        saved["output_tokens_not_generated"] += len(rows) * (row.get("output_tokens") or 0)
+    return rows
 
 
 def not_sent(row: dict) -> dict:
-    """A copy's row as the run's totals count it: no tokens went to the engine."""
+    """A row as the run's totals count it when no tokens went to the engine for it."""
     return {**row, **dict.fromkeys(_SENT, 0)}

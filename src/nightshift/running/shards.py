@@ -106,6 +106,7 @@ class ShardRunner:
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
         self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
+        self.saved: Counter = Counter()  # dedup: copies' rows written, tokens they saved
         self.cache = RunCache.open(spec, manifest, sampling_for(spec, self.task))  # cache.path
         self.attempt = uuid.uuid4().hex[:8]
         self._keys = itertools.count()  # request keys, unique in this run (see feed)
@@ -250,9 +251,10 @@ class ShardRunner:
         self.totals.count(not_sent(row) if cached else row, ok)
         if self.cache is not None:
             self.cache.store(pending.token_ids, result)
-        for copy in copy_rows(w.copies, pending.record_id, row, self.spec.input.id_column):
+        id_column = self.spec.input.id_column
+        for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
             (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk
-            self.totals.count(not_sent(copy), ok)
+            self.totals.count(copy, ok)
         self.progress.answered(w.shard, self.totals)
         self._stop_if_everything_fails(w)
         if w.remaining == 0:
