@@ -96,3 +96,15 @@ def test_cache_stats_and_prune_commands(tmp_path):
     assert pruned.returncode == 0, pruned.stderr
     assert "deleted 3" in pruned.stdout
     assert cache_stats(str(tmp_path / "c"))["entries"] == 2
+
+
+def test_jobs_plan_estimates_output_lengths_from_the_cache(models, tmp_path):
+    from nightshift.scheduling.dryrun import plan_summary
+
+    run_job(_spec(models, tmp_path, "a", _rows(0, 30)), engine=FakeEngine(), progress=False)
+    spec = _spec(models, tmp_path, "b", _rows(0, 40))
+    spec = spec.model_copy(
+        update={"cost": spec.cost.model_copy(update={"expected_tokens_per_s": 100.0})}
+    )
+    projection = plan_summary(spec)["projection"]
+    assert "a sample of 30 answers in cache.path" in projection["note"]

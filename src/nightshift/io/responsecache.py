@@ -86,7 +86,13 @@ class ResponseCache:
         """Store an answer, unless another job stored one first (a conditional write)."""
         answer = {f: answer[f] for f in ANSWER_FIELDS}
         key = self.key(token_ids)
-        entry = {"key": key, "answer": answer, "sha256": _checksum(answer), "at": time.time()}
+        entry = {
+            "key": key,
+            "scope": self.scope,
+            "answer": answer,
+            "sha256": _checksum(answer),
+            "at": time.time(),
+        }
         if self.store.put_if_absent(key, json.dumps(entry).encode()):
             self.counts.stored += 1
 
@@ -102,6 +108,22 @@ def _valid(data: bytes, key: str) -> dict[str, Any] | None:
         return answer
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def sample_answers(location: str, scope: str, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` valid answers stored under ``scope`` (for `jobs plan`'s estimate)."""
+    store, found = open_store(location), []
+    for key in store.list(PREFIX):
+        if len(found) >= limit:
+            break
+        try:
+            data = store.get_bytes(key)
+        except ObjectNotFound:
+            continue
+        answer = _valid(data, key)
+        if answer is not None and json.loads(data).get("scope") == scope:
+            found.append(answer)
+    return found
 
 
 def cache_stats(location: str) -> dict[str, Any]:

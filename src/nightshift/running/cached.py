@@ -9,29 +9,16 @@ rendered prompt, and rows are parsed from the cached text by this job's task.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from nightshift.engines.base import EngineRequest, EngineResult, Sampling
 from nightshift.io.responsecache import ANSWER_FIELDS, ResponseCache
 from nightshift.jobs.spec import JobSpec
-
-SCOPE_KEYS = (
-    "model.identity",
-    "model.tokenizer",
-    "model.dtype",
-    "model.max_model_len",
-    "engine.kv_cache_dtype",
-    "engine.extra",
-)
+from nightshift.scheduling.cachescope import cache_scope
 
 
-def cache_scope(manifest: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
-    inputs = manifest.get("fingerprint_inputs", {})
-    return {
-        **{k: inputs.get(k) for k in SCOPE_KEYS},
-        "sampling": dataclasses.asdict(sampling),
-    }
+def _scope(manifest: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
+    return cache_scope(manifest.get("fingerprint_inputs", {}), sampling)
 
 
 class RunCache:
@@ -45,7 +32,7 @@ class RunCache:
     def open(cls, spec: JobSpec, manifest: dict[str, Any], sampling: Sampling) -> RunCache | None:
         if not spec.cache.path:
             return None
-        scope = cache_scope(manifest, sampling)
+        scope = _scope(manifest, sampling)
         return cls(ResponseCache.open(spec.cache.path, scope), spec.cache.path)
 
     def lookup(self, request: EngineRequest) -> EngineResult | None:
