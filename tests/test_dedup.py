@@ -136,3 +136,45 @@ def test_a_kill_and_resume_stays_exact(models, tmp_path, point):
     for i in range(RECORDS):
         assert rows[f"t{i:03d}"]["text"] == rows[_original_of(i)]["text"]
     assert len(generated_prompts(log)) < DISTINCT  # the rerun sent only what was left
+
+
+@pytest.mark.engine
+def test_repeats_and_the_cache_on_the_real_engine(models, tmp_path):
+    """vLLM is sent each distinct prompt once; a second job sharing cache.path is sent
+    only its new prompts, and every old id keeps its answer."""
+    from nightshift.running.engines import start_vllm
+
+    rows = _rows()
+    write_records(tmp_path / "a" / "p.parquet", rows[:30])  # 20 distinct, 10 repeats
+    extra = [{"ticket_id": f"n{i}", "subject": "new", "body": f"fresh {i}"} for i in range(5)]
+    write_records(tmp_path / "b" / "p.parquet", rows + extra)
+
+    def spec(name: str):
+        return validate_spec(
+            spec_dict(
+                models["chat"],
+                tmp_path / name,
+                tmp_path / f"out-{name}",
+                cache={"path": str(tmp_path / "cache")},
+            )
+        )
+
+    engine = start_vllm(spec("a"))
+    try:
+        first = run_job(spec("a"), engine=engine, progress=False).report
+        second = run_job(spec("b"), engine=engine, progress=False).report
+    finally:
+        engine.close()
+    assert first["response_cache"]["stored"] == DISTINCT
+    assert first["repeats"]["this_run"]["rows"] == 10
+    assert second["response_cache"] == {
+        **second["response_cache"],
+        "hits": DISTINCT,
+        "stored": 5,
+    }
+    assert second["this_run"]["records_answered"] == RECORDS + 5
+    a, b = _rows_by_id(str(tmp_path / "out-a")), _rows_by_id(str(tmp_path / "out-b"))
+    for i in range(RECORDS):
+        assert b[f"t{i:03d}"]["text"] == b[_original_of(i)]["text"]
+        if f"t{i:03d}" in a:
+            assert a[f"t{i:03d}"]["text"] == b[f"t{i:03d}"]["text"]
