@@ -79,7 +79,9 @@ def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict
         from nightshift.pipelines.workers import worker_flow  # imports Prefect
 
         _show_nightshift_warnings()
-        done = worker_flow(spec_path=str(spec_path), worker=worker, overrides=list(overrides or []))
+        done = worker_flow(
+            spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])
+        )
     return {**done, "engine_log": str(log)}
 
 
