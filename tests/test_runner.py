@@ -73,6 +73,7 @@ def test_output_has_one_row_per_record_with_labels_and_counts(models, ticket_dir
         "prompt_tokens",
         "output_tokens",
         "cached_tokens",
+        "answered_from",  # dedup: null, no ticket repeats another's prompt
     ]
     assert results["ticket_id"].n_unique() == 120
     assert set(results["label"]) <= set(LABELS)

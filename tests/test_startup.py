@@ -63,9 +63,7 @@ def test_the_engine_starts_while_the_plan_is_built(models, ticket_dir, tmp_path,
     assert report["records"]["ok"] == 120
 
 
-def test_a_plan_that_fails_shuts_down_the_engine_that_was_starting(
-    models, tmp_path, slow_start
-):
+def test_a_plan_that_fails_shuts_down_the_engine_that_was_starting(models, tmp_path, slow_start):
     write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s"}])  # no body
     spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))
     threads = set(threading.enumerate())
@@ -75,9 +73,7 @@ def test_a_plan_that_fails_shuts_down_the_engine_that_was_starting(
     assert set(threading.enumerate()) <= threads  # the start thread is gone too
 
 
-def test_a_job_with_nothing_left_starts_no_engine_early(
-    models, ticket_dir, tmp_path, slow_start
-):
+def test_a_job_with_nothing_left_starts_no_engine_early(models, ticket_dir, tmp_path, slow_start):
     spec = validate_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out"))
     run_job(spec, progress=False)
     assert len(slow_start) == 1

@@ -1,10 +1,11 @@
 """The ``nightshift`` command: ``jobs`` (run, plan, status, export), ``schedule`` (serve,
-deploy) and ``demo`` (init)."""
+deploy), ``demo`` (init) and ``cache`` (stats, prune)."""
 
 from __future__ import annotations
 
 import typer
 
+from nightshift.cli.cache import cache_app
 from nightshift.cli.jobs import jobs_app
 from nightshift.cli.schedule import schedule_app
 from nightshift.demo.cli import demo_app
@@ -17,6 +18,7 @@ app = typer.Typer(
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(demo_app, name="demo")
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(cache_app, name="cache")
 
 if __name__ == "__main__":
     app()

@@ -378,6 +378,27 @@ class ScheduleSpec(_Section):
         return value
 
 
+class ProviderPrice(_Section):
+    """One row of ``cost.compare``: a provider's batch price, USD per million tokens."""
+
+    provider: str = Field(min_length=1, description="Who sells it, e.g. openai.")
+    model: str = Field(min_length=1, description="The model the price is for.")
+    input: float = Field(ge=0, description="USD per million input tokens, batch tier.")
+    cached_input: float | None = Field(
+        default=None, ge=0, description="USD per million cached input tokens; unset: as input."
+    )
+    output: float = Field(ge=0, description="USD per million output tokens, batch tier.")
+    source: str = Field(default="cost.compare", description="Where the price comes from.")
+
+
+class CacheSpec(_Section):
+    path: str | None = Field(
+        default=None,
+        description="A response cache shared by jobs (a local directory or s3://...): an "
+        "answer is looked up there before its request is sent, and every new one is stored.",
+    )
+
+
 class CostSpec(_Section):
     gpu: str = Field(default="h100", description="Accelerator name, shown in the report.")
     gpus: int = Field(default=1, gt=0, description="Accelerators the job holds while it runs.")
@@ -387,6 +408,11 @@ class CostSpec(_Section):
         gt=0,
         description="Throughput (prompt + output tokens/s) used by `jobs plan` to project "
         "cost before any run; without it the plan uses the last run's measured figure.",
+    )
+    compare: list[ProviderPrice] | None = Field(
+        default=None,
+        description="Provider batch prices the report compares the self-hosted cost with; "
+        "unset: the published prices nightshift ships (see reports.compare), [] for none.",
     )
 
 
@@ -404,6 +430,7 @@ class JobSpec(_Section):
     plan: PlanSpec = Field(default_factory=PlanSpec, description="How records become shards.")
     run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
     cost: CostSpec = Field(default_factory=CostSpec, description="Price used in the report.")
+    cache: CacheSpec = Field(default_factory=CacheSpec, description="Response cache.")
     schedule: ScheduleSpec | None = Field(
         default=None, description="Run the job on a cron schedule (nightly), incrementally."
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.running.engines import EnginePool
@@ -81,6 +82,21 @@ def _report(
     if stopped is not None:  # stopped early (a signal, a cancellation): rerun to finish
         report["stopped"] = stopped
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
+    # dedup: records answered from another record's answer, and the tokens they did not send
+    report["repeats"] = {
+        **manifest.get("repeats", {"copies": 0, "prompt_tokens_not_sent": 0}),
+        "this_run": {
+            k: runner.saved[k]
+            for k in ("rows", "prompt_tokens_not_sent", "output_tokens_not_generated")
+        },
+    }
+    if runner.cache is not None:  # cache.path: answers found there, and stored
+        report["response_cache"] = runner.cache.section()
+    c = report["cost"]  # beside the providers' batch prices (reports.compare)
+    ran_on = engine_hardware(engines.info.name if engines.info else None)
+    report["cost_compare"] = compare_section(
+        spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
+    )
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from nightshift.reports.compare import compare_lines
+
 CHART_ALT = "Throughput over time and time per shard"
 
 
@@ -225,6 +227,7 @@ def report_markdown(report: dict[str, Any], chart_name: str | None = "report.png
         lines += [f"## {section.title}", "", section.note, "", *markdown_table(section.rows)]
         if section.title == "Cost":
             lines += ["", *cost_formula_lines(report)]
+            lines += cost_compare_lines(report)
         lines.append("")
     lines += engine_lines(report)
     if chart_name and has_chart(report):
@@ -271,6 +274,21 @@ def stop_lines(report: dict[str, Any]) -> list[str]:
             "killed and its shards continued from their checkpoints on a fresh engine."
         )
     return [line for text in lines for line in (text, "")]
+
+
+def cost_compare_lines(report: dict[str, Any]) -> list[str]:
+    """The self-hosted cost beside providers' batch prices, when the report has them."""
+    if not report.get("cost_compare"):
+        return []
+    intro = "The same tokens at providers' batch-tier prices (USD per million tokens):"
+    return [
+        "",
+        "### Against provider batch prices",
+        "",
+        intro,
+        "",
+        *compare_lines(report["cost_compare"]),
+    ]
 
 
 def cost_formula_lines(report: dict[str, Any]) -> list[str]:

@@ -30,9 +30,11 @@ class ResultTables:
         keep = [c for c in keep if c != id_column]  # the id is always the first column
         head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
         task_fields = [pa.field(name, kind) for name, kind in task.columns.items()]
-        self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + _COUNTS)
+        # dedup: the id of the record whose answer this row repeats, null when its own
+        counts = _COUNTS + [pa.field("answered_from", input_schema.field(id_column).type)]
+        self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + counts)
         self.failed = pa.schema(
-            head + [pa.field("error", pa.string()), pa.field("text", pa.string())] + _COUNTS
+            head + [pa.field("error", pa.string()), pa.field("text", pa.string())] + counts
         )
         self.rejects = pa.schema(
             list(input_schema)

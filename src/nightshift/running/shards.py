@@ -40,6 +40,8 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.running.cached import RunCache
+from nightshift.running.copies import CopyBook, copy_rows, not_sent
 from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
@@ -73,6 +75,8 @@ class ShardWork:
     since: float = field(default_factory=time.monotonic)
     chunks: int = 0
     answered_now: int = 0  # by the current engine: an engine that dies costs these an attempt
+    copies: dict = field(default_factory=dict)  # dedup: original id -> copies not yet done
+    skip: set = field(default_factory=set)  # ids the feed leaves out: done, and copies
 
     @property
     def held(self) -> int:
@@ -110,6 +114,9 @@ class ShardRunner:
             input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
+        self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
+        self.saved: Counter = Counter()  # dedup: copies' rows written, tokens they saved
+        self.cache = RunCache.open(spec, manifest, sampling_for(spec, self.task))  # cache.path
         self.attempt = uuid.uuid4().hex[:8]
         self._keys = itertools.count()  # request keys, unique in this run (see feed)
         self.totals = RunTotals()
@@ -154,7 +161,7 @@ class ShardRunner:
             feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
             try:
                 for w in work.values():
-                    feed.add(w.shard, w.done_ids)  # encoding starts now, not later
+                    feed.add(w.shard, w.skip)  # encoding starts now, not later
                 engine = engines.acquire()
                 try:
                     if not self.stopping.is_set():
@@ -190,7 +197,7 @@ class ShardRunner:
                 continue
             work[shard] = w
             if feed is not None:
-                feed.add(shard, w.done_ids)
+                feed.add(shard, w.skip)
 
     def records_left(self, todo: list[int]) -> int:
         """Records of ``todo`` not yet checkpointed: what this run will answer."""
@@ -203,6 +210,11 @@ class ShardRunner:
         work = ShardWork(shard, self.planned[shard], files, chunks=len(files))
         for table in self.shards.read(files, "ok") + self.shards.read(files, "failed"):
             work.done_ids.update(table.column(self.spec.input.id_column).to_pylist())
+        # dedup: copies are never fed; they are answered with their original's row
+        work.copies = self.copybook.for_shard(
+            shard, self.spec.input.id_column, self.spec.input.keep_columns, work.done_ids
+        )
+        work.skip = work.done_ids | self.copybook.ids(shard)
         return work
 
     def _generate(
@@ -235,7 +247,17 @@ class ShardRunner:
                 if idle:
                     return
                 request = None
+            if request is not None and self._answered_from_cache(feed, request, work):
+                continue  # cache.path had its answer: nothing sent
             yield request
+
+    def _answered_from_cache(
+        self, feed: RequestFeed, request: EngineRequest, work: dict[int, ShardWork]
+    ) -> bool:
+        hit = self.cache.lookup(request) if self.cache is not None else None
+        if hit is not None:
+            self._take(feed, hit, work)
+        return hit is not None
 
     def _take(self, feed: RequestFeed, result: EngineResult, work: dict[int, ShardWork]) -> None:
         """One result: a row of its shard, or nothing when it is no answer."""
@@ -262,7 +284,14 @@ class ShardRunner:
         row, ok = self.tables.row(pending.record_id, pending.kept, result)
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
-        self.totals.count(row, ok)
+        cached = self.cache is not None and self.cache.from_cache(result.key)
+        self.totals.count(not_sent(row) if cached else row, ok)
+        if self.cache is not None:
+            self.cache.store(pending.token_ids, result)
+        id_column = self.spec.input.id_column
+        for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
+            (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk
+            self.totals.count(copy, ok)
         self.progress.answered(w.shard, self.totals)
         self._stop_if_everything_fails(w)
         if w.remaining == 0:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.cachescope import sampled_output
 from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
+from nightshift.scheduling.dedup import distinct_records
 from nightshift.scheduling.plan import build_plan, describe, load_encoder
 
 
@@ -38,14 +42,27 @@ def plan_summary(
                 "replace its plan under it; choose another output.path"
             )
         summary["written_to"] = output.plans.write(plan, {**summary, **plan_stamp(spec)})
-    t = summary["tokens"]
-    summary["projection"] = _projection(spec, t["prompt"] + t["output_at_most"])
+    # Only the distinct work goes to the engine (scheduling.dedup); output lengths come
+    # from a previous run or the response cache where they have them.
+    distinct = distinct_records(plan.records)
+    sampled = sampled_output(spec)
+    summary["projection"] = _projection(spec, *_engine_tokens(spec, distinct, sampled))
     if planner:
-        summary["capacity"] = predict_plan(planner, plan.records, plan.prefix_reuse)
+        if sampled and planner.output_source.startswith(("classify", "sampling")):
+            planner = replace(planner, output_per_record=sampled[0], output_source=sampled[1])
+        summary["capacity"] = predict_plan(planner, distinct, plan.prefix_reuse)
     return summary
 
 
-def _projection(spec: JobSpec, tokens: int) -> dict[str, Any]:
+def _engine_tokens(spec: JobSpec, distinct, sampled: tuple[float, str] | None):
+    """Prompt plus output tokens the engine will see, and where the output figure is from."""
+    prompt = int(distinct["tokens"].sum() or 0)
+    if sampled is None:
+        return prompt + distinct.height * answer_budget(spec), None
+    return prompt + int(distinct.height * sampled[0]), sampled[1]
+
+
+def _projection(spec: JobSpec, tokens: int, output_source: str | None = None) -> dict[str, Any]:
     tps, source = spec.cost.expected_tokens_per_s, "cost.expected_tokens_per_s"
     if tps is None:
         tps, source = _measured_throughput(spec), "last run's report.json"
@@ -57,8 +74,12 @@ def _projection(spec: JobSpec, tokens: int) -> dict[str, Any]:
         "throughput_source": source,
         "generate_hours": hours,
         "usd": hours * spec.cost.usd_per_gpu_hour * spec.cost.gpus,
-        "note": "output tokens counted at sampling.max_tokens per record (an upper bound); "
-        "engine start-up not included",
+        "note": (
+            f"output tokens per record from {output_source}"
+            if output_source
+            else "output tokens counted at sampling.max_tokens per record (an upper bound)"
+        )
+        + "; repeats of another record's prompt not counted; engine start-up not included",
     }
 
 

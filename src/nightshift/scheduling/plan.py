@@ -31,13 +31,21 @@ from nightshift.io.planstore import POSITION
 from nightshift.jobs.columns import check_column_types
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.dedup import (
+    ANSWERED_FROM,
+    dedup_applies,
+    place_copies,
+    repeats_summary,
+    split_copies,
+    with_digests,
+)
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.order import cut_shards, level_names, order_records
 from nightshift.scheduling.reuse import predicted_cached, reuse_share
 
-RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact"]
+RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact", ANSWERED_FROM]
 
 
 @dataclass
@@ -106,9 +114,10 @@ def build_plan(
     planned in this output); shards are numbered from ``first_shard``."""
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder)
-    keys = _measure_input(dataset, columns, measurer, progress, skip_ids)
+    keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
-    runnable = keys.filter(pl.col("reject_kind").is_null())
+    # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
+    runnable, copies = split_copies(keys.filter(pl.col("reject_kind").is_null()))
     levels, block = measurer.levels, block_size(spec)
     ordered = order_records(runnable, levels, block)
     ordered = cut_shards(ordered, levels, spec.plan.shard_records, spec.plan.shard_tokens)
@@ -116,6 +125,7 @@ def build_plan(
     window = _cache_window(spec, runnable)
     ordered = ordered.with_columns(predicted_cached(ordered, levels, block, window, by="shard"))
     input_order = predicted_cached(runnable, levels, block, window)
+    ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
         "predicted": reuse_share(ordered["predicted_cached"], ordered["tokens"]),
         "input_order": reuse_share(input_order, runnable["tokens"]),
@@ -140,6 +150,7 @@ def _measure_input(
     measurer: RecordMeasurer,
     progress: bool,
     skip: KnownIds | None,
+    digests: bool = False,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys."""
     hashes, prefixes = level_names(measurer.levels)
@@ -163,7 +174,10 @@ def _measure_input(
                 new = ~skip.contains(frame[columns[0]]).fill_null(True)
                 frame, where = frame.filter(new), where.filter(new)
             if frame.height:
-                parts.append(measurer.measure(frame, where))
+                part = measurer.measure(frame, where)
+                if digests:  # dedup: each record's exact-repeat key
+                    part = with_digests(part, measurer.template, frame, where)
+                parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()
@@ -228,6 +242,7 @@ def describe(plan: Plan, spec: JobSpec) -> dict[str, Any]:
             "each": shards,
         },
         "prefix_reuse": plan.prefix_reuse,
+        "repeats": repeats_summary(plan.records),  # dedup: answered from another record
     }
 
 

@@ -1,0 +1,53 @@
+"""What decides an answer besides its prompt (the response cache's scope), and the output
+lengths `jobs plan` can learn before a run: from a previous run into the same output, or
+from answers the response cache holds for this model and sampling."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from nightshift.engines.base import Sampling
+from nightshift.io.outputs import JobOutput
+from nightshift.io.responsecache import sample_answers, scope_digest
+from nightshift.jobs.fingerprint import result_inputs
+from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import handler_for, sampling_for
+
+SCOPE_KEYS = (
+    "model.identity",
+    "model.tokenizer",
+    "model.dtype",
+    "model.max_model_len",
+    "engine.kv_cache_dtype",
+    "engine.extra",
+)
+SAMPLE_ANSWERS = 500
+
+
+def cache_scope(fingerprint_inputs: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
+    """The fingerprint's model and engine entries and the sampling the engine is given,
+    guided-decoding constraint included. Template and task are left out: the token ids
+    are the rendered prompt, and rows are parsed from the cached text by each job's task."""
+    return {
+        **{k: fingerprint_inputs.get(k) for k in SCOPE_KEYS},
+        "sampling": dataclasses.asdict(sampling),
+    }
+
+
+def sampled_output(spec: JobSpec) -> tuple[float, str] | None:
+    """Mean output tokens per record, and where the figure comes from, or None."""
+    last = JobOutput(spec.output.path).report()
+    answered = (last or {}).get("records", {}).get("ok", 0) + (last or {}).get("records", {}).get(
+        "failed", 0
+    )
+    if last and answered and last.get("tokens", {}).get("output"):
+        return last["tokens"]["output"] / answered, "the previous run's report.json"
+    if not spec.cache.path:
+        return None
+    scope = cache_scope(result_inputs(spec), sampling_for(spec, handler_for(spec.task)))
+    answers = sample_answers(spec.cache.path, scope_digest(scope), SAMPLE_ANSWERS)
+    if not answers:
+        return None
+    mean = sum(a["output_tokens"] for a in answers) / len(answers)
+    return mean, f"a sample of {len(answers)} answers in cache.path"

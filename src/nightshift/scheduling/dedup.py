@@ -1,0 +1,119 @@
+"""Find the records of a job that repeat another's prompt exactly, so each is generated once.
+
+The key is a SHA-256 over the record's rendered segment texts (each prefixed by its length
+in bytes). Within one job the system prompt, the template's static head and the tokenizer
+are fixed (the fingerprint pins the tokenizer), and ``encode_records`` is a pure function of
+(system, head, segments): equal segment texts therefore encode to the same token ids, and
+the sampling and the guided-decoding constraint are the job's own, the same for every
+record. Equal keys are exact repeats (a SHA-256 collision aside), never near ones.
+
+Repeats are only merged when the answer is meant to be deterministic: temperature 0, or a
+fixed seed. With temperature above 0 and no seed each record is its own sample.
+
+The first record of a key in input order is its original; the others are its copies. The
+plan orders and cuts shards over the originals only (the engine's work), then places each
+copy right after its original, in its shard: a shard commits its copies with their original.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import polars as pl
+
+from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.prompts import PromptTemplate
+
+DIGEST = "_prompt_digest"
+ANSWERED_FROM = "answered_from"
+
+
+def dedup_applies(spec: JobSpec) -> bool:
+    """Whether repeats are answered once: the answer is deterministic."""
+    return spec.sampling.temperature == 0 or spec.sampling.seed is not None
+
+
+def prompt_digests(template: PromptTemplate, records: pl.DataFrame) -> pl.Series:
+    """The exact-repeat key of every record (null where a template field is null)."""
+    missing = template.null_fields(records).is_not_null()
+    if missing.all():
+        return pl.Series(DIGEST, [None] * records.height, dtype=pl.Binary)
+    texts = [s.to_list() for s in template.segment_texts(records.filter(~missing))]
+    digests = iter([_digest(parts) for parts in zip(*texts, strict=True)])
+    return pl.Series(
+        DIGEST, [None if m else next(digests) for m in missing.to_list()], dtype=pl.Binary
+    )
+
+
+def _digest(parts: tuple[str, ...]) -> bytes:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))  # no two splits of one text hash alike
+        h.update(data)
+    return h.digest()
+
+
+def split_copies(runnable: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(originals, copies): copies carry ``answered_from``, their original's record_id."""
+    if DIGEST not in runnable.columns:  # repeats are not merged in this job
+        none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
+        return runnable.with_columns(none), runnable.head(0).with_columns(none)
+    frame = runnable.sort("_file", "_row")
+    first = frame.select(pl.col(DIGEST).is_first_distinct() | pl.col(DIGEST).is_null()).to_series()
+    originals, copies = frame.filter(first), frame.filter(~first)
+    lookup = originals.select(DIGEST, pl.col("record_id").alias(ANSWERED_FROM))
+    copies = copies.join(lookup, on=DIGEST, how="left")
+    originals = originals.with_columns(
+        pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
+    )
+    return originals.drop(DIGEST), copies.drop(DIGEST)
+
+
+def place_copies(ordered: pl.DataFrame, copies: pl.DataFrame) -> pl.DataFrame:
+    """The plan's records with each copy right after its original, in its shard, and
+    positions numbered again in that order. Copies send nothing: no cached tokens."""
+    if not copies.height:
+        return ordered
+    where = ordered.select(
+        pl.col("record_id").alias(ANSWERED_FROM), "shard", pl.col("position").alias("_after")
+    )
+    placed = copies.join(where, on=ANSWERED_FROM, how="left").with_columns(
+        pl.lit(0, dtype=ordered.schema["predicted_cached"]).alias("predicted_cached")
+    )
+    mine = ordered.with_columns(pl.col("position").alias("_after"))
+    both = pl.concat(
+        [
+            mine.with_columns(pl.lit(0).alias("_copy")),
+            placed.with_columns(pl.lit(1).alias("_copy")),
+        ],
+        how="diagonal_relaxed",
+    )
+    both = both.sort("_after", "_copy", "_file", "_row").drop("_after", "_copy", "position")
+    return both.with_row_index("position")
+
+
+def repeats_summary(records: pl.DataFrame) -> dict[str, int]:
+    """The plan's count of copies and the prompt tokens they do not send."""
+    if ANSWERED_FROM not in records.columns:
+        return {"copies": 0, "prompt_tokens_not_sent": 0}
+    copies = records.filter(pl.col(ANSWERED_FROM).is_not_null())
+    return {
+        "copies": copies.height,
+        "prompt_tokens_not_sent": int(copies["tokens"].sum() or 0),
+    }
+
+
+def distinct_records(records: pl.DataFrame) -> pl.DataFrame:
+    """The records the engine is sent: originals only."""
+    if ANSWERED_FROM not in records.columns:
+        return records
+    return records.filter(pl.col(ANSWERED_FROM).is_null())
+
+
+def with_digests(
+    keys: pl.DataFrame, template: PromptTemplate, records: pl.DataFrame, where: pl.DataFrame
+) -> pl.DataFrame:
+    """``keys`` (one input batch's plan keys) with each record's exact-repeat key."""
+    digests = where.with_columns(prompt_digests(template, records))
+    return keys.join(digests, on=["_file", "_row"], how="left")

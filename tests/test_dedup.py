@@ -1,0 +1,180 @@
+"""Exact repeats within a job are generated once; every record still gets its own row."""
+
+from __future__ import annotations
+
+import signal
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from nightshift.engines.fake import FakeEngine, prompt_digest
+from nightshift.io.outputs import JobOutput, committed_files
+from nightshift.jobs.loading import validate_spec
+from nightshift.pipelines.direct import run_job
+
+from .conftest import spec_dict, write_records
+from .durable import assert_exactly_once, generated_prompts, read_table, report, run_cli
+
+RECORDS = 60
+DISTINCT = 20  # every prompt appears 3 times, under other ids
+
+
+def _rows() -> list[dict]:
+    return [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % DISTINCT}", "body": f"body {i % DISTINCT}"}
+        for i in range(RECORDS)
+    ]
+
+
+def _job(models, tmp_path, sampling=None, **sections) -> dict:
+    rows = _rows()
+    for n in range(3):
+        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * 20 : (n + 1) * 20])
+    return spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        tmp_path / "out",
+        plan={"shard_records": 8},
+        sampling={"max_tokens": 8, **(sampling or {})},
+        **sections,
+    )
+
+
+def _rows_by_id(location: str) -> dict:
+    output = JobOutput(location)
+    rows = {}
+    for kind in ("results", "failed"):
+        for uri in committed_files(location, kind):
+            for row in read_table(output, uri).to_pylist():
+                rows[row["ticket_id"]] = row
+    return rows
+
+
+def _original_of(i: int) -> str:
+    return f"t{i % DISTINCT:03d}"
+
+
+def test_each_distinct_prompt_is_sent_once_and_every_id_gets_its_originals_answer(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == DISTINCT  # the engine saw each distinct prompt once
+    rows = _rows_by_id(str(tmp_path / "out"))
+    assert len(rows) == RECORDS
+    for i in range(RECORDS):
+        row, original = rows[f"t{i:03d}"], rows[_original_of(i)]
+        assert row["text"] == original["text"] and row["label"] == original["label"]
+        assert row["subject"] == f"s{i % DISTINCT}"  # its own kept columns
+        assert row["answered_from"] == (None if i < DISTINCT else _original_of(i))
+    done = report(str(tmp_path / "out"))
+    assert done["repeats"]["copies"] == RECORDS - DISTINCT
+    assert done["repeats"]["prompt_tokens_not_sent"] > 0  # the plan's estimate
+    saved = done["repeats"]["this_run"]
+    assert saved["rows"] == RECORDS - DISTINCT
+    copies = [r for r in rows.values() if r["answered_from"]]
+    assert saved["prompt_tokens_not_sent"] == sum(
+        rows[r["answered_from"]]["prompt_tokens"] for r in copies
+    )
+    assert all(r["prompt_tokens"] == 0 == r["output_tokens"] for r in copies)  # not sent
+    assert done["tokens"]["prompt"] == sum(r["prompt_tokens"] for r in rows.values())
+    plan = JobOutput(str(tmp_path / "out")).plans.manifest()
+    assert plan["repeats"]["copies"] == RECORDS - DISTINCT
+    # shards are cut over the distinct work: 20 originals in shards of 8
+    assert len(plan["shards"]["each"]) == 3
+
+
+def test_with_temperature_and_no_seed_each_record_is_its_own_sample(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path, sampling={"temperature": 0.7}))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == RECORDS
+    assert all(r["answered_from"] is None for r in _rows_by_id(str(tmp_path / "out")).values())
+
+
+def test_a_fixed_seed_dedups_at_any_temperature(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path, sampling={"temperature": 0.7, "seed": 1}))
+    engine = FakeEngine()
+    run_job(spec, engine=engine, progress=False)
+    assert len(engine.order) == DISTINCT
+
+
+def test_a_failed_original_fails_its_copies_with_the_same_error(models, tmp_path):
+    spec = validate_spec(_job(models, tmp_path))
+    failing = {}
+
+    def fail_first(ids):
+        failing.setdefault("digest", prompt_digest(ids))
+        return "boom" if prompt_digest(ids) == failing["digest"] else None
+
+    run_job(spec, engine=FakeEngine(fail_when=fail_first), progress=False)
+    location = str(tmp_path / "out")
+    output = JobOutput(location)
+    failed = pa.concat_tables(
+        [read_table(output, uri) for uri in committed_files(location, "failed")]
+    ).to_pylist()
+    assert len(failed) == 3
+    originals = {r["answered_from"] or r["ticket_id"] for r in failed}
+    assert len(originals) == 1
+    assert {r["error"] for r in failed} == {"engine: boom"}
+    assert_exactly_once(location, "ticket_id", [r["ticket_id"] for r in _rows()])
+
+
+@pytest.mark.parametrize("point", ["chunk.written:2", "shard.data_written:2"])
+def test_a_kill_and_resume_stays_exact(models, tmp_path, point):
+    spec = _job(models, tmp_path, run={"chunk_records": 4, "engine": "fake"})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    first = run_cli(path, env={"NIGHTSHIFT_CRASH_AT": point})
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    log = tmp_path / "second.log"
+    second = run_cli(path, env={"NIGHTSHIFT_FAKE_LOG": str(log)})
+    assert second.returncode == 0, second.stderr
+    location = str(tmp_path / "out")
+    assert_exactly_once(location, "ticket_id", [r["ticket_id"] for r in _rows()])
+    rows = _rows_by_id(location)
+    for i in range(RECORDS):
+        assert rows[f"t{i:03d}"]["text"] == rows[_original_of(i)]["text"]
+    assert len(generated_prompts(log)) < DISTINCT  # the rerun sent only what was left
+
+
+@pytest.mark.engine
+def test_repeats_and_the_cache_on_the_real_engine(models, tmp_path):
+    """vLLM is sent each distinct prompt once; a second job sharing cache.path is sent
+    only its new prompts, and every old id keeps its answer."""
+    from nightshift.running.engines import start_vllm
+
+    rows = _rows()
+    write_records(tmp_path / "a" / "p.parquet", rows[:30])  # 20 distinct, 10 repeats
+    extra = [{"ticket_id": f"n{i}", "subject": "new", "body": f"fresh {i}"} for i in range(5)]
+    write_records(tmp_path / "b" / "p.parquet", rows + extra)
+
+    def spec(name: str):
+        return validate_spec(
+            spec_dict(
+                models["chat"],
+                tmp_path / name,
+                tmp_path / f"out-{name}",
+                cache={"path": str(tmp_path / "cache")},
+            )
+        )
+
+    engine = start_vllm(spec("a"))
+    try:
+        first = run_job(spec("a"), engine=engine, progress=False).report
+        second = run_job(spec("b"), engine=engine, progress=False).report
+    finally:
+        engine.close()
+    assert first["response_cache"]["stored"] == DISTINCT
+    assert first["repeats"]["this_run"]["rows"] == 10
+    assert second["response_cache"] == {
+        **second["response_cache"],
+        "hits": DISTINCT,
+        "stored": 5,
+    }
+    assert second["this_run"]["records_answered"] == RECORDS + 5
+    a, b = _rows_by_id(str(tmp_path / "out-a")), _rows_by_id(str(tmp_path / "out-b"))
+    for i in range(RECORDS):
+        assert b[f"t{i:03d}"]["text"] == b[_original_of(i)]["text"]
+        if f"t{i:03d}" in a:
+            assert a[f"t{i:03d}"]["text"] == b[f"t{i:03d}"]["text"]
