@@ -18,7 +18,13 @@ import pyarrow.dataset as ds
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.render import prompt_text
-from nightshift.scheduling.sharing import block_keys, common_length, cut_pieces, shared_depth
+from nightshift.scheduling.sharing import (
+    block_keys,
+    common_length,
+    cut_pieces,
+    shared_depth,
+    word_pieces,
+)
 
 ROOT = 0  # the node of records that share no whole chunk with another
 
@@ -42,7 +48,10 @@ def shared_blocks(
             shared += common_length(row["lowest"], row["highest"])
         nodes.append(row["node"])
         prefixes.append(cut_pieces(firsts[row["node"]], shared))
-    encoded = measurer.encoder.encode_pieces(prefixes)
+    encoder = measurer.encoder
+    encoded = encoder.encode_pieces(
+        [word_pieces(p) for p in prefixes] if encoder.composes else prefixes
+    )
     table = pl.DataFrame(
         {"node": nodes, "blocks": [block_keys(ids, block_size) for ids in encoded]},
         schema={"node": pl.UInt64, "blocks": pl.List(pl.UInt64)},

@@ -23,7 +23,6 @@ record text). Pure: arrays in, arrays out. No I/O.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 
@@ -34,6 +33,7 @@ import pyarrow as pa
 MIN_CHUNK_BYTES = 64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _TRAILING_SPACE = re.compile(r"\s+\S*\Z")
+_WORD_END = re.compile(r"(?<=\S)\s")
 
 
 def chunk_bytes(block_size: int) -> int:
@@ -148,11 +148,28 @@ def _whole_words(raw: bytes, cut: int) -> str:
 
 def block_keys(ids: list[int], block_size: int) -> list[int]:
     """A key per whole KV block of ``ids``, covering every block before it (as vLLM's
-    block hashes do): equal keys at depth k mean equal first k blocks of ids."""
-    keys, previous = [], b""
-    array = np.asarray(ids, dtype=np.int64)
+    block hashes do): equal keys at depth k mean equal first k blocks of ids. (Python
+    hashes tuples of ints the same in every process: no hash seed applies to them.)"""
+    keys, previous = [], 0
     for k in range(len(ids) // block_size):
-        block = array[k * block_size : (k + 1) * block_size].tobytes()
-        previous = hashlib.blake2b(previous + block, digest_size=8).digest()
-        keys.append(int.from_bytes(previous, "little"))
+        previous = hash((previous, tuple(ids[k * block_size : (k + 1) * block_size])))
+        keys.append(previous & 0xFFFFFFFFFFFFFFFF)
     return keys
+
+
+def word_pieces(pieces: list[str], every: int = 256) -> list[str]:
+    """``pieces`` with each long record text split where whitespace follows a word, about
+    every ``every`` characters: for a tokenizer whose pieces compose, the ids are the
+    same, and prompts that share a long start (one document under many nodes) share
+    those sub-pieces, which the encoder's cache then encodes once."""
+    out = [pieces[0]]
+    for k in range(1, len(pieces) - 1, 2):
+        text, start = pieces[k], 0
+        while len(text) - start > 2 * every:
+            found = _WORD_END.search(text, start + every)
+            if not found:
+                break
+            out += [text[start : found.start()], ""]
+            start = found.start()
+        out += [text[start:], pieces[k + 1]]
+    return out
