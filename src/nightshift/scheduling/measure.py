@@ -78,10 +78,14 @@ class RecordMeasurer:
         pieces = self.renderer.pieces(records)
         text = prompt_text(pieces)
         self._note_start(pieces, text)
+        before, after = self._frame_tokens(pieces)
+        head = sum((p.str.len_bytes().cast(pl.Int64) for p in pieces[:-2]), pl.Series([0]))
         keys = where.with_columns(
             records[self.id_column].alias("record_id"),
-            self._fixed_tokens(pieces).alias("_fixed"),
-            pieces[-2].str.len_bytes().alias("_tail_bytes"),
+            before.alias("_before"),
+            after.alias("_after"),
+            head.alias("_head_bytes"),
+            pieces[-2].str.len_bytes().cast(pl.Int64).alias("_tail_bytes"),
             chunk_keys(text, self.chunk).alias("_chunks"),
         )
         return self._tokens(keys, pieces)
@@ -96,44 +100,76 @@ class RecordMeasurer:
             self._lowest = min(self._lowest or lowest, lowest)
             self._highest = max(self._highest or highest, highest)
 
-    def _fixed_tokens(self, pieces: list[pl.Series]) -> pl.Series:
-        """Exact tokens of every piece but the last record text: frame pieces by their
+    def _frame_tokens(self, pieces: list[pl.Series]) -> tuple[pl.Series, pl.Series]:
+        """Exact tokens before the record's last text and after it: frame pieces by their
         distinct values, leading record texts through the encoder's cache."""
-        total = pl.Series([0] * pieces[0].len(), dtype=pl.Int64)
-        for k, column in enumerate(pieces):
-            if k == len(pieces) - 2:
-                continue  # the record's own text: estimated in _tokens
+        before = pl.Series([0] * pieces[0].len(), dtype=pl.Int64)
+        for k, column in enumerate(pieces[:-2]):
             if k % 2:
                 counts = [len(ids) for ids in self.encoder.encode_shared(column.to_list())]
-                total += pl.Series(counts, dtype=pl.Int64)
-                continue
-            lengths = {t: self.encoder.frame_length(t, first=k == 0) for t in column.unique()}
-            total += column.replace_strict(lengths, return_dtype=pl.Int64)
-        return total
+                before += pl.Series(counts, dtype=pl.Int64)
+            else:
+                before += self._frame_lengths(column, first=k == 0)
+        return before, self._frame_lengths(pieces[-1])
+
+    def _frame_lengths(self, column: pl.Series, first: bool = False) -> pl.Series:
+        lengths = {t: self.encoder.frame_length(t, first) for t in column.unique()}
+        return column.replace_strict(lengths, return_dtype=pl.Int64)
 
     def _tokens(self, keys: pl.DataFrame, pieces: list[pl.Series]) -> pl.DataFrame:
-        """``tokens``: estimated, or exact for records whose bound could break the limit."""
+        """``tokens``: estimated, or exact for records whose bound could break the limit
+        (and for the records the estimate was calibrated on)."""
+        counted = None
         if self.tail is None:
-            self.tail = self._calibrate(keys, pieces)
-        fixed, tail_bytes = pl.col("_fixed"), pl.col("_tail_bytes")
+            self.tail, counted = self._calibrate(keys, pieces)
+        fixed, tail_bytes = pl.col("_before") + pl.col("_after"), pl.col("_tail_bytes")
         upper = fixed + self.tail.upper(tail_bytes) + self.answer
         near = (upper > self.limit) | pl.lit(not self.tail.bound_holds)
         keys = keys.with_columns(
             (fixed + self.tail.estimate(tail_bytes)).alias("tokens"), near.alias("exact")
-        ).drop("_fixed", "_tail_bytes")
+        )
+        if counted:
+            at = pl.Series(range(len(counted)), dtype=pl.UInt32)
+            keys = keys.with_columns(
+                keys["tokens"].scatter(at, counted), keys["exact"].scatter(at, True)
+            )
         at = keys["exact"].arg_true()
+        if counted:
+            at = at.filter(at >= len(counted))
         if at.len():
             exact = self._exact([p.gather(at) for p in pieces])
             keys = keys.with_columns(keys["tokens"].scatter(at, exact))
-            self.exact_records += at.len()
+        self.exact_records += int(keys["exact"].sum())
         return self._over_length(keys)
 
-    def _calibrate(self, keys: pl.DataFrame, pieces: list[pl.Series]) -> TailEstimate:
+    def _calibrate(
+        self, keys: pl.DataFrame, pieces: list[pl.Series]
+    ) -> tuple[TailEstimate, list[int]]:
         sample = min(CALIBRATION_RECORDS, keys.height)
         exact = self._exact([p.head(sample) for p in pieces])
-        fixed = keys["_fixed"].head(sample).to_list()
+        fixed = (keys["_before"] + keys["_after"]).head(sample).to_list()
         tail_tokens = [e - f for e, f in zip(exact, fixed, strict=True)]
-        return TailEstimate(keys["_tail_bytes"].head(sample).to_list(), tail_tokens)
+        return TailEstimate(keys["_tail_bytes"].head(sample).to_list(), tail_tokens), exact
+
+    def refine(self, keys: pl.DataFrame) -> pl.DataFrame:
+        """Estimated ``tokens`` made exact for the shared start: ``_shared_bytes`` and
+        ``_shared_tokens`` (its exact ids), ``_shared_whole`` (it is the whole prompt).
+        Drops the measuring columns."""
+        covered = pl.col("_shared_bytes") - pl.col("_head_bytes")
+        rest = (pl.col("_tail_bytes") - covered).clip(lower_bound=0)
+        estimate = self.tail.estimate(rest) if self.tail else pl.lit(0)  # None: no records
+        refined = (
+            pl.when(pl.col("exact"))
+            .then(pl.col("tokens"))
+            .when(pl.col("_shared_whole"))
+            .then(pl.col("_shared_tokens"))
+            .when(covered > 0)
+            .then(pl.col("_shared_tokens") + estimate + pl.col("_after"))
+            .otherwise(pl.col("tokens"))
+        )
+        measuring = ["_before", "_after", "_head_bytes", "_tail_bytes"]
+        measuring += ["_shared_bytes", "_shared_tokens", "_shared_whole"]
+        return keys.with_columns(refined.alias("tokens")).drop(measuring)
 
     def _exact(self, pieces: list[pl.Series]) -> list[int]:
         """Exact prompt tokens, encoded exactly as the run will encode them."""

@@ -101,13 +101,14 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
 def check_messages_type(dataset: ds.FileSystemDataset, column: str) -> None:
     """The messages column must hold lists of {role, content} structs with text roles."""
     kind = dataset.schema.field(column).type
-    turn = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
-    names = (
-        {turn.field(i).name for i in range(turn.num_fields)} if pa.types.is_struct(turn) else set()
-    )
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    turn = kind.value_type if listed else None
+    names = [turn.field(i).name for i in range(turn.num_fields)] if _is_struct(turn) else []
     role = turn.field("role").type if "role" in names else None
-    if {"role", "content"} <= names and (
-        pa.types.is_string(role) or pa.types.is_large_string(role)
+    if (
+        "content" in names
+        and role is not None
+        and (pa.types.is_string(role) or pa.types.is_large_string(role))
     ):
         return
     raise SpecError(
@@ -197,9 +198,14 @@ def _measure_input(
     # A batch with no runnable record has no token or chunk columns: type them anyway.
     types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
     types["_chunks"] = pl.List(pl.UInt64)
+    types |= {c: pl.Int64 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
     return keys.with_columns(missing)
+
+
+def _is_struct(kind: pa.DataType | None) -> bool:
+    return kind is not None and pa.types.is_struct(kind)
 
 
 def _reject_duplicate_ids(keys: pl.DataFrame, id_column: str) -> pl.DataFrame:

@@ -4,8 +4,9 @@ The plan's first pass keeps only byte-chunk keys per record (``scheduling.measur
 ``shared_depth`` then tells, over all records, how many leading chunks each shares and
 with which node. This second pass reads again only the records that share a chunk, and
 per node keeps the smallest and largest next chunk (their common start is the exact end
-of the node's shared bytes) and the first record's pieces. Each node's shared start is
-then encoded once, exactly as the run will encode it, and cut into KV blocks.
+of the bytes the node's records all share) and the first record's pieces. Each node's
+shared start is then encoded once, exactly as the run will encode it, and cut into KV
+blocks; prompt tokens are made exact for that start (``RecordMeasurer.refine``).
 """
 
 from __future__ import annotations
@@ -43,9 +44,13 @@ def shared_blocks(
     chunk = measurer.chunk
     nodes, prefixes = [ROOT], [measurer.common_start()]
     for row in ends.iter_rows(named=True):
-        shared = row["depth"] * chunk
+        # Members of a node share its blocks, so they are cut where all of them still
+        # agree. A node's only member may share more with records that go deeper: its
+        # own blocks past that are its own (no other record has their keys), so it is
+        # cut after the next chunk, past anything it could share.
+        shared = (row["depth"] + 1) * chunk
         if row["members"] > 1:
-            shared += common_length(row["lowest"], row["highest"])
+            shared = row["depth"] * chunk + common_length(row["lowest"], row["highest"])
         nodes.append(row["node"])
         prefixes.append(cut_pieces(firsts[row["node"]], shared))
     encoder = measurer.encoder
@@ -53,10 +58,23 @@ def shared_blocks(
         [word_pieces(p) for p in prefixes] if encoder.composes else prefixes
     )
     table = pl.DataFrame(
-        {"node": nodes, "blocks": [block_keys(ids, block_size) for ids in encoded]},
-        schema={"node": pl.UInt64, "blocks": pl.List(pl.UInt64)},
+        {
+            "node": nodes,
+            "blocks": [block_keys(ids, block_size) for ids in encoded],
+            "_shared_bytes": [sum(len(p.encode()) for p in cut) for cut in prefixes],
+            "_shared_tokens": [len(ids) for ids in encoded],
+            "_shared_whole": [cut[-1] != "" for cut in prefixes],
+        },
+        schema={
+            "node": pl.UInt64,
+            "blocks": pl.List(pl.UInt64),
+            "_shared_bytes": pl.Int64,
+            "_shared_tokens": pl.Int64,
+            "_shared_whole": pl.Boolean,
+        },
     )
-    return runnable.join(table, on="node", how="left").drop("depth", "node")
+    runnable = runnable.join(table, on="node", how="left").drop("depth", "node")
+    return measurer.refine(runnable)
 
 
 def _next_chunks(

@@ -102,7 +102,7 @@ class ConversationRenderer:
                 )
             content = turn.get("content")
             if not isinstance(content, str):
-                what = "null" if content is None else f"a {type(content).__name__}"
+                what = "null" if content is None else f"of type {type(content).__name__}"
                 return BAD_CONTENT, f"turn {k}'s content is {what}, not text"
         try:
             self._frame(turns)
