@@ -214,3 +214,25 @@ def test_a_short_leading_field_does_not_split_the_groups_below_it():
     )
     ordered = order_records(records, BLOCK)["record_id"].to_list()
     assert ordered == ["d1a", "d1b", "d2b", "d2a"]
+
+
+def test_chunk_keys_find_how_far_each_text_shares_its_start():
+    from nightshift.scheduling.sharing import chunk_keys, shared_depth
+
+    texts = pl.Series(["a" * 130 + "x", "a" * 130 + "y", "b" * 10, "", "a" * 64, "a" * 129])
+    keys = chunk_keys(texts, 64)
+    assert keys.list.len().to_list() == [3, 3, 1, 0, 1, 3]
+    assert keys[0][:2].to_list() == keys[1][:2].to_list() != keys[2].to_list()
+    depth = shared_depth(keys)
+    # "a"*64 is the first chunk of four texts; two more share a second chunk of a's.
+    assert depth["depth"].to_list() == [2, 2, 0, 0, 1, 2]
+    assert depth["node"][0] == depth["node"][1] == depth["node"][5] == keys[0][1]
+    assert depth["node"][2] is None and depth["node"][4] == keys[0][0]
+
+
+def test_block_keys_cover_every_block_before_them():
+    from nightshift.scheduling.sharing import block_keys
+
+    one, two = block_keys(list(range(10)), 4), block_keys([*range(8), 99, 98, 97, 96], 4)
+    assert len(one) == 2 and one == two[:2] and len(two) == 3
+    assert block_keys([5, *range(1, 8)], 4)[1] != one[1]  # a change in block 0 changes block 1
