@@ -239,3 +239,59 @@ def test_an_increment_plans_exactly_the_new_ids(models, tmp_path):
     assert sorted(planned["record_id"].to_list()) == [100, 101, 102, 103, 104]
     results = pl.read_parquet(sorted((out / "results").glob("*.parquet")))
     assert sorted(results["n"].to_list()) == [*range(40), 100, 101, 102, 103, 104]
+
+
+def single_column_rows() -> list[dict]:
+    """Pre-rendered prompts in one column: every document's questions, interleaved; the
+    shared part (instructions and document) ends inside the field."""
+    return [
+        {
+            "qid": f"d{d}-q{q}",
+            "prompt": f"Read the document and answer.\n\n{document(d)}\n\nQuestion: "
+            + f"what about {q}? " * (q + 1),
+        }
+        for q in range(QUESTIONS)
+        for d in range(DOCUMENTS)
+    ]
+
+
+def test_a_single_column_groups_shared_starts_inside_the_field(models, tmp_path):
+    write_records(tmp_path / "in" / "a.parquet", single_column_rows())
+    spec = questions_spec(models, tmp_path / "in", tmp_path / "out")
+    spec.prompt.template = "{prompt}"
+    spec.engine.extra["num_gpu_blocks_override"] = 3 * 24  # a cache of about three prompts
+    engine = FakeEngine(block_size=BLOCK, cache_blocks=72)
+    report = run_job(spec, engine=engine, progress=False).report
+    planned = pl.read_parquet(tmp_path / "out" / "plan" / "records.parquet")
+    documents = [rid.split("-")[0] for rid in planned["record_id"]]
+    assert sum(a != b for a, b in zip(documents, documents[1:], strict=False)) == DOCUMENTS - 1
+    reuse = report["prefix_reuse"]
+    assert reuse["input_order_predicted"] < 0.1 < 0.5 < reuse["predicted"]
+    assert reuse["measured"] == pytest.approx(reuse["predicted"], abs=0.02)
+
+
+def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_path):
+    """The plan encodes each node's shared start once, cut at a word; the run encodes
+    every prompt whole. The plan's block keys must be the leading block keys of the
+    run's very ids, record by record."""
+    from nightshift.scheduling.kvcache import block_size
+    from nightshift.scheduling.measure import RecordMeasurer
+    from nightshift.scheduling.plan import _measure_input, open_job_input
+    from nightshift.scheduling.prefixes import shared_blocks
+    from nightshift.scheduling.render import renderer_for, rows
+    from nightshift.scheduling.sharing import block_keys
+
+    write_records(tmp_path / "in" / "a.parquet", single_column_rows())
+    spec = questions_spec(models, tmp_path / "in", tmp_path / "out")
+    spec.prompt.template = "{prompt}"
+    encoder, block = load_encoder(spec), block_size(spec)
+    dataset, columns = open_job_input(spec)
+    measurer = RecordMeasurer(spec, encoder, block)
+    keys = _measure_input(dataset, columns, measurer, False, None)
+    planned = shared_blocks(dataset, columns, measurer, keys, block)
+    records = pl.read_parquet(tmp_path / "in" / "a.parquet")
+    sent = encoder.encode_pieces(rows(renderer_for(spec, encoder).pieces(records)))
+    by_id = dict(zip(records["qid"], sent, strict=True))
+    for record_id, blocks in zip(planned["record_id"], planned["blocks"], strict=True):
+        assert len(blocks) >= 8  # the document's blocks at least
+        assert blocks.to_list() == block_keys(by_id[record_id], block)[: len(blocks)]

@@ -104,3 +104,27 @@ def test_nested_and_binary_values_become_readable_text():
     template = PromptTemplate("{meta} / {raw}")
     rendered = template.render({"meta": {"tier": "pro", "tags": ["a", "é"]}, "raw": b"caf\xc3\xa9"})
     assert rendered.user == '{"tier": "pro", "tags": ["a", "é"]} / café'
+
+
+def test_a_shared_start_cut_at_a_word_encodes_to_the_whole_prompts_leading_ids(chat_encoder):
+    """The plan encodes a node's shared start alone, cut at a word and in word-aligned
+    sub-pieces; the run encodes the whole prompt. The ids must agree on the start."""
+    from nightshift.scheduling.sharing import cut_pieces, word_pieces
+
+    before, after = chat_encoder.template_frame("You triage.")
+    text = " ".join(f"word{i % 13} and, more: {i}." for i in range(120)) + "\n\nQuestion: why?"
+    pieces = [before, "Head: ", "", text, after]
+    [whole] = chat_encoder.encode_pieces([pieces])
+    start = len((before + "Head: ").encode())
+    for cut in [0, 1, 7, 50, 333, 901, len(text.encode()) - 3, len(text.encode()) + 5]:
+        prefix = word_pieces(cut_pieces(pieces, start + cut), every=40)
+        [ids] = chat_encoder.encode_pieces([prefix])
+        assert ids == whole[: len(ids)], cut
+        assert "".join(prefix) == "".join(pieces)[: len("".join(prefix))]
+
+
+def test_texts_that_only_an_empty_frame_piece_separates_are_joined_for_such_tokenizers():
+    from nightshift.engines.tokenizer import _joined
+
+    assert _joined(["<a>", "head ", "", "doc", "", "q", "<b>"]) == ["<a>", "head docq", "<b>"]
+    assert _joined(["<a>", "u1", "<x>", "u2", "<b>"]) == ["<a>", "u1", "<x>", "u2", "<b>"]

@@ -194,4 +194,59 @@ def test_the_prefix_cache_serves_what_the_plan_predicted(models, engine, tmp_pat
     assert reuse["measured"] == pytest.approx(reuse["predicted"], abs=0.02)
 
 
+def test_the_prediction_holds_for_a_single_column_and_for_conversations(models, engine, tmp_path):
+    import pyarrow as pa
+
+    from .conftest import write_records
+    from .test_planning import document
+
+    # The shared document ends inside the field: pre-rendered in one column, and inside
+    # the user turn of a conversation that opens with a shared few-shot exchange.
+    asks = [(d, q) for q in range(6) for d in range(8)]  # interleaved
+    column = [
+        {
+            "qid": f"d{d}-q{q}",
+            "prompt": f"Read.\n\n{document(d)}\n\nQuestion: " + f"why {q}? " * (q + 1),
+        }
+        for d, q in asks
+    ]
+    few_shot = [
+        {"role": "user", "content": "Example document.\n\nQuestion: what is it?"},
+        {"role": "assistant", "content": "An example."},
+    ]
+    chats = [
+        {
+            "qid": r["qid"],
+            "messages": [
+                *few_shot,
+                {"role": "user", "content": r["prompt"].removeprefix("Read.\n\n")},
+            ],
+        }
+        for r in column
+    ]
+    turn = pa.struct([("role", pa.string()), ("content", pa.string())])
+    shapes = {
+        "column": ({"template": "{prompt}"}, column, None),
+        "messages": (
+            {"messages_column": "messages"},
+            chats,
+            pa.schema([("qid", pa.string()), ("messages", pa.list_(turn))]),
+        ),
+    }
+    for name, (prompt, rows, schema) in shapes.items():
+        write_records(tmp_path / name / "in.parquet", rows, schema)
+        spec = spec_dict(
+            models["chat"],
+            tmp_path / name / "in.parquet",
+            tmp_path / name / "out",
+            input={"path": str(tmp_path / name / "in.parquet"), "id_column": "qid"},
+            prompt={"system": "Answer briefly.", **prompt},
+            task={"kind": "generate"},
+        )
+        report = run_job(validate_spec(spec), engine=engine, progress=False).report
+        reuse = report["prefix_reuse"]
+        assert reuse["block_size"] == 128 and reuse["predicted"] > 0.4, name
+        assert reuse["measured"] == pytest.approx(reuse["predicted"], abs=0.02), name
+
+
 # The killed-engine test runs through the Prefect flow: tests/test_pipelines.py.

@@ -44,14 +44,6 @@ def model_source(name_or_path: str) -> str:
     return str(local) if local.is_dir() else name_or_path
 
 
-@dataclass(frozen=True)
-class Frame:
-    """Token ids the template puts before and after the record's text."""
-
-    before: list[int]
-    after: list[int]
-
-
 class PromptEncoder:
     """Encodes rendered prompts into token ids with the model's tokenizer."""
 
@@ -59,7 +51,9 @@ class PromptEncoder:
         self._tok = hf_tokenizer
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
         self.bos_token_id = hf_tokenizer.bos_token_id
-        self._frames: dict[str | None, Frame] = {}
+        self._frames: dict[str | None, tuple[str, str]] = {}
+        self._frame_ids: dict[str, list[int]] = {}
+        self._conversations: dict[tuple, list[str] | ValueError] = {}
         self._segments: dict[str, list[int]] = {}
         self.composes = self._segments_compose()
 
@@ -103,28 +97,53 @@ class PromptEncoder:
     def encode_records(
         self, system: str | None, head: str, records: Sequence[Sequence[str]]
     ) -> list[list[int]]:
-        """Token ids of prompts made of the static ``head`` and each record's segments.
+        """Token ids of prompts made of the static ``head`` and each record's segments
+        (``encode_pieces`` with the template's layout)."""
+        before, after = self.template_frame(system)
+        rows = []
+        for segments in records:
+            row = [before, head]
+            for segment in segments:
+                row += ["", segment]
+            rows.append([*row, after])
+        return self.encode_pieces(rows)
 
-        Segments are encoded one by one and joined, so records that share their first
-        segments share exactly those leading token ids, which is what the prefix cache
-        matches on. Repeated segments (the same document, many questions) are encoded once.
+    def encode_pieces(self, rows: Sequence[Sequence[str]]) -> list[list[int]]:
+        """Token ids of prompts given as pieces ``[t0, x1, t1, ..., xn, tn]``: even places
+        are template text (the chat frame: its special tokens are real), odd places record
+        text (special-token strings split, never obeyed).
+
+        Pieces are encoded one by one and joined, so prompts that share their first pieces
+        share exactly those leading ids, which is what the prefix cache matches on; a
+        piece that repeats (a document, a few-shot turn) is encoded once. The record's last
+        text is encoded without remembering it: it is usually its own.
         """
-        frame = self._frame(system)
-        if not records:
-            return []
-        if not self.composes:  # this tokenizer changes text at a seam: encode it whole
-            users = self.encode_texts([head + "".join(segments) for segments in records])
-            return [frame.before + user + frame.after for user in users]
-        start = frame.before + self.encode_shared([head])[0]
-        columns = list(zip(*records, strict=True))
-        parts = [self.encode_shared(column) for column in columns[:-1]]
-        parts.append(self.encode_texts(columns[-1]))
-        return [list(itertools.chain(start, *row, frame.after)) for row in zip(*parts, strict=True)]
+        if not self.composes:  # this tokenizer changes text at a seam: join what it can
+            rows = [_joined(row) for row in rows]
+        leading = [t for row in rows for t in row[1:-2:2]]
+        last = [row[-2] for row in rows if len(row) > 1]
+        shared = iter(self.encode_shared(leading))
+        own = iter(self.encode_texts(last))
+        out = []
+        for row in rows:
+            ids = list(self._start(row[0]))
+            for k in range(1, len(row) - 1, 2):
+                ids += next(shared) if k < len(row) - 2 else next(own)
+                ids += self._trusted(row[k + 1])
+            out.append(ids)
+        return out
 
     def prompt_overhead(self, system: str | None, head: str) -> tuple[int, int]:
         """Tokens every prompt has before its first segment and after its last."""
-        frame = self._frame(system)
-        return len(frame.before) + len(self.encode_shared([head])[0]), len(frame.after)
+        before, after = self.template_frame(system)
+        return len(self._start(before)) + len(self.encode_shared([head])[0]), len(
+            self._trusted(after)
+        )
+
+    def lead_ids(self) -> list[int]:
+        """Ids every prompt starts with before its first piece: a raw prompt gets the
+        tokenizer's BOS; a chat template writes its own, so none is added to it."""
+        return [] if self.has_chat_template else self._bos()
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Record text as plain text: special-token strings in it are split, never obeyed."""
@@ -142,6 +161,27 @@ class PromptEncoder:
         cache.update(zip(missing, self.encode_texts(missing), strict=True))
         return [cache[t] for t in texts]
 
+    def encode_trusted(self, text: str) -> list[int]:
+        """Template text (a chat frame): its special tokens are real."""
+        return list(self._trusted(text))
+
+    def frame_length(self, text: str, first: bool = False) -> int:
+        """Tokens of a frame piece; the ``first`` piece of a prompt with its lead ids."""
+        return len(self._start(text) if first else self._trusted(text))
+
+    def _trusted(self, text: str) -> list[int]:
+        ids = self._frame_ids.get(text)
+        if ids is None:
+            ids = self._tok(text, add_special_tokens=False)["input_ids"] if text else []
+            if len(self._frame_ids) > _CACHE_TEXTS:
+                self._frame_ids.clear()
+            self._frame_ids[text] = ids
+        return ids
+
+    def _start(self, text: str) -> list[int]:
+        """The lead ids and the first frame piece, with one BOS at most."""
+        return self._one_bos(self.lead_ids() + self._trusted(text))
+
     def _segments_compose(self) -> bool:
         """Whether encoding text in pieces gives back the same text (it does for byte-level
         BPE; SentencePiece's dummy prefix space would add a space at every seam)."""
@@ -149,12 +189,13 @@ class PromptEncoder:
         ids = itertools.chain.from_iterable(self.encode_texts(pieces))
         return self._tok.decode(list(ids), skip_special_tokens=True) == "".join(pieces)
 
-    def _frame(self, system: str | None) -> Frame:
+    def template_frame(self, system: str | None) -> tuple[str, str]:
+        """The chat template's text before and after the user message, for ``system``."""
         if system not in self._frames:
             self._frames[system] = self._build_frame(system)
         return self._frames[system]
 
-    def _build_frame(self, system: str | None) -> Frame:
+    def _build_frame(self, system: str | None) -> tuple[str, str]:
         from jinja2 import TemplateError
 
         try:
@@ -172,13 +213,42 @@ class PromptEncoder:
                 "nightshift needs the record inserted as-is; give a template that does",
             )
         before, after = text.split(_SLOT)
-        # Template text is trusted: its special tokens are real. A raw prompt gets the
-        # tokenizer's BOS; a chat template writes its own, so none is added to it.
-        lead = [] if self.has_chat_template else self._bos()
-        encode = self._tok
-        before_ids = encode(before, add_special_tokens=False)["input_ids"] if before else []
-        after_ids = encode(after, add_special_tokens=False)["input_ids"] if after else []
-        return Frame(self._one_bos(lead + before_ids), after_ids)
+        return before, after
+
+    def conversation_frame(self, system: str | None, roles: Sequence[str]) -> list[str]:
+        """The chat template's text around each turn of a conversation with these roles
+        (generation prompt appended): ``len(roles) + 1`` pieces. ``system``, when given,
+        is a first system turn written into the frame, as ``prompt.system`` is for a
+        template. Raises ``ValueError`` when the template refuses the conversation or
+        changes a turn's text."""
+        key = (system, *roles)
+        frame = self._conversations.get(key)
+        if frame is None:
+            frame = self._conversations[key] = self._build_conversation(system, tuple(roles))
+        if isinstance(frame, ValueError):
+            raise frame
+        return frame
+
+    def _build_conversation(
+        self, system: str | None, roles: tuple[str, ...]
+    ) -> list[str] | ValueError:
+        from jinja2 import TemplateError
+
+        slots = [f"\u2063nightshift-turn-{k}\u2063" for k in range(len(roles))]
+        turns = [{"role": r, "content": s} for r, s in zip(roles, slots, strict=True)]
+        if system is not None:
+            turns.insert(0, {"role": "system", "content": system})
+        try:
+            text = self._tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:
+            return ValueError(f"the model's chat template refused the conversation: {exc}")
+        pieces = []
+        for slot in slots:
+            before, found, text = text.partition(slot)
+            if not found or slot in text:
+                return ValueError("the model's chat template changes a turn's text")
+            pieces.append(before)
+        return [*pieces, text]
 
     def _bos(self) -> list[int]:
         ids = self._tok("x", add_special_tokens=True)["input_ids"]
@@ -192,3 +262,16 @@ class PromptEncoder:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+def _joined(row: Sequence[str]) -> list[str]:
+    """``row`` with record texts that only an empty frame piece separates joined into one
+    (for a tokenizer whose pieces do not compose)."""
+    out = [row[0]]
+    for k in range(1, len(row) - 1, 2):
+        if len(out) > 1 and out[-1] == "":
+            out[-2] += row[k]
+            out[-1] = row[k + 1]
+        else:
+            out += [row[k], row[k + 1]]
+    return out

@@ -10,7 +10,15 @@ import string
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from nightshift.capacity.settings import CapacitySpec
 from nightshift.jobs.secrets import refuse_secrets
@@ -90,21 +98,75 @@ class PromptSpec(_Section):
     system: str | None = Field(
         default=None,
         description="Static system text. It comes first in every prompt, so it is the prefix "
-        "every record shares and the prefix cache serves it once.",
+        "every record shares and the prefix cache serves it once. With messages_column it is "
+        "the first turn of each conversation that has no system turn of its own; a "
+        "conversation's own system turn wins.",
     )
-    template: str = Field(
+    template: str | None = Field(
+        default=None,
         description="User message with {column} placeholders filled from each record. "
         "Record values are inserted literally: braces or Jinja inside data stay as they are. "
-        "Write {{ or }} for a literal brace in the template itself.",
+        "Write {{ or }} for a literal brace in the template itself. Pre-rendered prompts in "
+        'one column: "{prompt}". Give this or messages_column, not both.',
+    )
+    messages_column: str | None = Field(
+        default=None,
+        description="Column holding each record's conversation: a list of {role, content} "
+        "turns (roles system, user, assistant), rendered with the model's chat template and "
+        "the generation prompt appended. Give this or template, not both.",
     )
 
     @field_validator("template")
     @classmethod
-    def _template_parses(cls, template: str) -> str:
+    def _template_parses(cls, template: str | None) -> str | None:
+        if template is None:
+            return template
         fields = template_fields(template)
         if not fields:
             raise ValueError("names no {column}: every record would get the same prompt")
         return template
+
+    @field_validator("messages_column")
+    @classmethod
+    def _column_named(cls, column: str | None) -> str | None:
+        if column is not None and not column.strip():
+            raise ValueError("is empty; name the column holding the conversations")
+        return column
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> PromptSpec:
+        if self.template is not None and self.messages_column is not None:
+            raise ValueError(
+                "prompt.template and prompt.messages_column are both given; keep one: "
+                "template fills a user message from columns, messages_column takes whole "
+                "conversations from one column"
+            )
+        if self.template is None and self.messages_column is None:
+            raise ValueError(
+                "needs prompt.template (a user message with {column} placeholders) or "
+                "prompt.messages_column (a column of {role, content} conversations)"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An unset source key is left out, so a template job's prompt (and so its
+        # fingerprint) reads as it did before messages_column existed.
+        data = handler(self)
+        for key in ("template", "messages_column"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def columns(self) -> list[str]:
+        """The input columns the prompt is made from, in order of first use."""
+        if self.messages_column is not None:
+            return [self.messages_column]
+        return template_fields(self.template or "")
+
+    def source_key(self) -> str:
+        """The spec key that names the prompt's input columns."""
+        return "prompt.messages_column" if self.messages_column is not None else "prompt.template"
 
 
 def template_fields(template: str) -> list[str]:
@@ -446,4 +508,6 @@ class JobSpec(_Section):
         return self
 
     def template_columns(self) -> list[str]:
-        return template_fields(self.prompt.template)
+        """The input columns the prompt is made from (template fields or the messages
+        column)."""
+        return self.prompt.columns()

@@ -24,7 +24,7 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
-from nightshift.scheduling.prompts import PromptTemplate
+from nightshift.scheduling.render import renderer_for, rows
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
 # Batches encoded ahead. More only adds a thread competing with a CPU engine for cores
@@ -70,7 +70,7 @@ class RequestFeed:
         encoder: PromptEncoder,
         keys: Iterator[int] | None = None,
     ) -> None:
-        self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
+        self.renderer = renderer_for(spec, encoder)  # the plan's very rendering
         self.store, self.encoder = store, encoder
         self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
         self.in_flight: dict[int, Pending] = {}
@@ -163,10 +163,7 @@ class RequestFeed:
             yield ShardEnd(shard)
 
     def _encode(self, shard: int, records: pl.DataFrame) -> list[EngineRequest]:
-        segments = [s.to_list() for s in self.template.segment_texts(records)]
-        token_ids = self.encoder.encode_records(
-            self.template.system, self.template.head, list(zip(*segments, strict=True))
-        )
+        token_ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
         kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()
         requests = []

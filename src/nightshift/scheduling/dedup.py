@@ -22,7 +22,7 @@ import hashlib
 import polars as pl
 
 from nightshift.jobs.spec import JobSpec
-from nightshift.scheduling.prompts import PromptTemplate
+from nightshift.scheduling.render import Renderer
 
 DIGEST = "_prompt_digest"
 ANSWERED_FROM = "answered_from"
@@ -33,16 +33,15 @@ def dedup_applies(spec: JobSpec) -> bool:
     return spec.sampling.temperature == 0 or spec.sampling.seed is not None
 
 
-def prompt_digests(template: PromptTemplate, records: pl.DataFrame) -> pl.Series:
-    """The exact-repeat key of every record (null where a template field is null)."""
-    missing = template.null_fields(records).is_not_null()
-    if missing.all():
+def prompt_digests(renderer: Renderer, records: pl.DataFrame) -> pl.Series:
+    """The exact-repeat key of every record: a digest of its prompt pieces, the very text
+    the plan measures and the run encodes (null for a record that cannot run)."""
+    bad = renderer.problems(records)["reject_kind"].is_not_null()
+    if bad.all():
         return pl.Series(DIGEST, [None] * records.height, dtype=pl.Binary)
-    texts = [s.to_list() for s in template.segment_texts(records.filter(~missing))]
-    digests = iter([_digest(parts) for parts in zip(*texts, strict=True)])
-    return pl.Series(
-        DIGEST, [None if m else next(digests) for m in missing.to_list()], dtype=pl.Binary
-    )
+    pieces = [p.to_list() for p in renderer.pieces(records.filter(~bad))]
+    digests = iter([_digest(parts) for parts in zip(*pieces, strict=True)])
+    return pl.Series(DIGEST, [None if b else next(digests) for b in bad.to_list()], dtype=pl.Binary)
 
 
 def _digest(parts: tuple[str, ...]) -> bytes:
@@ -112,8 +111,8 @@ def distinct_records(records: pl.DataFrame) -> pl.DataFrame:
 
 
 def with_digests(
-    keys: pl.DataFrame, template: PromptTemplate, records: pl.DataFrame, where: pl.DataFrame
+    keys: pl.DataFrame, renderer: Renderer, records: pl.DataFrame, where: pl.DataFrame
 ) -> pl.DataFrame:
     """``keys`` (one input batch's plan keys) with each record's exact-repeat key."""
-    digests = where.with_columns(prompt_digests(template, records))
+    digests = where.with_columns(prompt_digests(renderer, records))
     return keys.join(digests, on=["_file", "_row"], how="left")

@@ -4,13 +4,14 @@ For each input batch this yields one key row per record and never keeps its text
 
 * ``_file``, ``_row``: where the record is, so the plan can fetch it again;
 * ``record_id``, and ``reject_kind`` / ``reason`` for a record that cannot run;
-* ``h1..hL``, ``p0..pL``, ``tokens``: its prefix levels and prompt tokens
-  (see ``scheduling.order``); ``exact`` says whether ``tokens`` was counted or estimated.
+* ``tokens``: its prompt tokens; ``exact`` says whether they were counted or estimated;
+* ``_chunks``: keys of its text's leading byte chunks (``scheduling.sharing``), from
+  which the plan finds, over all records, the part of each prompt that others share.
 
-Tokens are counted exactly where it matters and cheaply elsewhere: the static frame
-once; each distinct leading segment (a document, a few-shot block) once, however many
-records repeat it; the record's own last segment is estimated from its bytes unless the
-record could come near the context limit, where it is counted exactly.
+Tokens are counted exactly where it matters and cheaply elsewhere: the chat frame's
+pieces once each; each distinct leading record text (a document, a few-shot turn) once,
+however many records repeat it; the record's last text is estimated from its bytes
+unless the record could come near the context limit, where it is counted exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.budget import TailEstimate, over_length_reason
-from nightshift.scheduling.prompts import PromptTemplate
+from nightshift.scheduling.render import prompt_text, renderer_for, rows
+from nightshift.scheduling.sharing import chunk_bytes, chunk_keys, common_length, cut_pieces
 
 CALIBRATION_RECORDS = 2000
 
@@ -29,32 +31,37 @@ CALIBRATION_RECORDS = 2000
 class RecordMeasurer:
     """Turns batches of input records into plan keys (see the module docstring)."""
 
-    def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
-        self.template = PromptTemplate(spec.prompt.template, spec.prompt.system)
+    def __init__(self, spec: JobSpec, encoder: PromptEncoder, block_size: int) -> None:
+        self.renderer = renderer_for(spec, encoder)
         self.encoder = encoder
         self.id_column = spec.input.id_column
-        self.levels = len(self.template.segments) - 1
-        self.before, self.after = encoder.prompt_overhead(spec.prompt.system, self.template.head)
         self.answer = answer_budget(spec)
         self.limit = spec.model.max_model_len
+        self.chunk = chunk_bytes(block_size)
         self.tail: TailEstimate | None = None
         self.exact_records = 0
+        # What every prompt starts with: the first prompt's pieces, and the smallest and
+        # largest leading chunk of all (their common start is everyone's).
+        self.first: list[str] | None = None
+        self._lowest: bytes | None = None
+        self._highest: bytes | None = None
+
+    def common_start(self) -> list[str]:
+        """Pieces of the start every measured prompt shares (the system frame, say)."""
+        if self.first is None or self._lowest is None or self._highest is None:
+            return [""]
+        return cut_pieces(self.first, common_length(self._lowest, self._highest))
 
     def measure(self, batch: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
         """Key rows for the input records ``batch``; ``where`` holds their ``_file`` and
         ``_row``, row for row. The two stay apart so no input column name can meet a key's."""
-        checks = pl.DataFrame(
-            {"no_id": batch[self.id_column].is_null(), "missing": self.template.null_fields(batch)}
-        )
-        verdict = checks.select(
-            pl.when(pl.col("no_id"))
-            .then(pl.lit("null_id"))
-            .when(pl.col("missing").is_not_null())
-            .then(pl.lit("null_field"))
-            .alias("reject_kind"),
-            pl.when(pl.col("no_id"))
+        no_id = batch[self.id_column].is_null()
+        problems = self.renderer.problems(batch)
+        verdict = problems.with_columns(
+            pl.when(no_id).then(pl.lit("null_id")).otherwise("reject_kind").alias("reject_kind"),
+            pl.when(no_id)
             .then(pl.lit(f"{self.id_column} is null"))
-            .otherwise(pl.format("field '{}' is null", "missing"))
+            .otherwise("reason")
             .alias("reason"),
         )
         held = verdict["reject_kind"].is_not_null()
@@ -63,68 +70,121 @@ class RecordMeasurer:
         set_aside = set_aside.filter(held)
         return pl.concat([k for k in (keys, set_aside) if k is not None], how="diagonal_relaxed")
 
-    def _keys(self, records: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
-        segments = self.template.segment_texts(records)
-        keys = where.with_columns(records[self.id_column].alias("record_id"))
-        prefix = pl.Series("p0", [self.before] * records.height, dtype=pl.Int64)
-        levels, chain = [prefix], None
-        for j, texts in enumerate(segments[:-1], start=1):
-            counts = [len(ids) for ids in self.encoder.encode_shared(texts.to_list())]
-            prefix = (prefix + pl.Series(counts, dtype=pl.Int64)).alias(f"p{j}")
-            chain = texts.hash(seed=7) if chain is None else _chain(chain, texts)
-            levels += [chain.alias(f"h{j}"), prefix]
-        keys = keys.with_columns(levels)
-        tail_bytes = segments[-1].str.len_bytes()
-        return self._tokens(keys.with_columns(tail_bytes.alias("_tail_bytes")), records)
+    def pieces(self, records: pl.DataFrame) -> list[pl.Series]:
+        """The pieces of records that can run (``scheduling.render``)."""
+        return self.renderer.pieces(records)
 
-    def _tokens(self, keys: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:
-        """``tokens``: estimated, or exact for records whose bound could break the limit."""
-        last = pl.col(f"p{self.levels}")
+    def _keys(self, records: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
+        pieces = self.renderer.pieces(records)
+        text = prompt_text(pieces)
+        self._note_start(pieces, text)
+        before, after = self._frame_tokens(pieces)
+        head = sum((p.str.len_bytes().cast(pl.Int64) for p in pieces[:-2]), pl.Series([0]))
+        keys = where.with_columns(
+            records[self.id_column].alias("record_id"),
+            before.alias("_before"),
+            after.alias("_after"),
+            head.alias("_head_bytes"),
+            pieces[-2].str.len_bytes().cast(pl.Int64).alias("_tail_bytes"),
+            chunk_keys(text, self.chunk).alias("_chunks"),
+        )
+        return self._tokens(keys, pieces)
+
+    def _note_start(self, pieces: list[pl.Series], text: pl.Series) -> None:
+        leading = text.cast(pl.Binary).bin.head(self.chunk)
+        lowest, highest = leading.min(), leading.max()
+        if self.first is None:
+            self.first = [p[0] for p in pieces]
+            self._lowest, self._highest = lowest, highest
+        else:
+            self._lowest = min(self._lowest or lowest, lowest)
+            self._highest = max(self._highest or highest, highest)
+
+    def _frame_tokens(self, pieces: list[pl.Series]) -> tuple[pl.Series, pl.Series]:
+        """Exact tokens before the record's last text and after it: frame pieces by their
+        distinct values, leading record texts through the encoder's cache."""
+        before = pl.Series([0] * pieces[0].len(), dtype=pl.Int64)
+        for k, column in enumerate(pieces[:-2]):
+            if k % 2:
+                counts = [len(ids) for ids in self.encoder.encode_shared(column.to_list())]
+                before += pl.Series(counts, dtype=pl.Int64)
+            else:
+                before += self._frame_lengths(column, first=k == 0)
+        return before, self._frame_lengths(pieces[-1])
+
+    def _frame_lengths(self, column: pl.Series, first: bool = False) -> pl.Series:
+        lengths = {t: self.encoder.frame_length(t, first) for t in column.unique()}
+        return column.replace_strict(lengths, return_dtype=pl.Int64)
+
+    def _tokens(self, keys: pl.DataFrame, pieces: list[pl.Series]) -> pl.DataFrame:
+        """``tokens``: estimated, or exact for records whose bound could break the limit
+        (and for the records the estimate was calibrated on)."""
+        counted = None
         if self.tail is None:
-            self.tail = self._calibrate(keys, records)
-        tail_bytes = pl.col("_tail_bytes")
-        upper = last + self.tail.upper(tail_bytes) + self.after + self.answer
+            self.tail, counted = self._calibrate(keys, pieces)
+        fixed, tail_bytes = pl.col("_before") + pl.col("_after"), pl.col("_tail_bytes")
+        upper = fixed + self.tail.upper(tail_bytes) + self.answer
         near = (upper > self.limit) | pl.lit(not self.tail.bound_holds)
         keys = keys.with_columns(
-            (last + self.tail.estimate(tail_bytes) + self.after).alias("tokens"),
-            near.alias("exact"),
-        ).drop("_tail_bytes")
-        rows = keys["exact"].arg_true()
-        if rows.len():
-            exact = self._exact(records[rows])
-            keys = keys.with_columns(keys["tokens"].scatter(rows, exact))
-            self.exact_records += rows.len()
+            (fixed + self.tail.estimate(tail_bytes)).alias("tokens"), near.alias("exact")
+        )
+        if counted:
+            at = pl.Series(range(len(counted)), dtype=pl.UInt32)
+            keys = keys.with_columns(
+                keys["tokens"].scatter(at, counted), keys["exact"].scatter(at, True)
+            )
+        at = keys["exact"].arg_true()
+        if counted:
+            at = at.filter(at >= len(counted))
+        if at.len():
+            exact = self._exact([p.gather(at) for p in pieces])
+            keys = keys.with_columns(keys["tokens"].scatter(at, exact))
+        self.exact_records += int(keys["exact"].sum())
         return self._over_length(keys)
 
-    def _calibrate(self, keys: pl.DataFrame, records: pl.DataFrame) -> TailEstimate:
-        sample = min(CALIBRATION_RECORDS, records.height)
-        exact = self._exact(records.head(sample))
-        fixed = (keys[f"p{self.levels}"].head(sample) + self.after).to_list()
+    def _calibrate(
+        self, keys: pl.DataFrame, pieces: list[pl.Series]
+    ) -> tuple[TailEstimate, list[int]]:
+        sample = min(CALIBRATION_RECORDS, keys.height)
+        exact = self._exact([p.head(sample) for p in pieces])
+        fixed = (keys["_before"] + keys["_after"]).head(sample).to_list()
         tail_tokens = [e - f for e, f in zip(exact, fixed, strict=True)]
-        return TailEstimate(keys["_tail_bytes"].head(sample).to_list(), tail_tokens)
+        return TailEstimate(keys["_tail_bytes"].head(sample).to_list(), tail_tokens), exact
 
-    def _exact(self, records: pl.DataFrame) -> list[int]:
+    def refine(self, keys: pl.DataFrame) -> pl.DataFrame:
+        """Estimated ``tokens`` made exact for the shared start: ``_shared_bytes`` and
+        ``_shared_tokens`` (its exact ids), ``_shared_whole`` (it is the whole prompt).
+        Drops the measuring columns."""
+        covered = pl.col("_shared_bytes") - pl.col("_head_bytes")
+        rest = (pl.col("_tail_bytes") - covered).clip(lower_bound=0)
+        estimate = self.tail.estimate(rest) if self.tail else pl.lit(0)  # None: no records
+        refined = (
+            pl.when(pl.col("exact"))
+            .then(pl.col("tokens"))
+            .when(pl.col("_shared_whole"))
+            .then(pl.col("_shared_tokens"))
+            .when(covered > 0)
+            .then(pl.col("_shared_tokens") + estimate + pl.col("_after"))
+            .otherwise(pl.col("tokens"))
+        )
+        measuring = ["_before", "_after", "_head_bytes", "_tail_bytes"]
+        measuring += ["_shared_bytes", "_shared_tokens", "_shared_whole"]
+        return keys.with_columns(refined.alias("tokens")).drop(measuring)
+
+    def _exact(self, pieces: list[pl.Series]) -> list[int]:
         """Exact prompt tokens, encoded exactly as the run will encode them."""
-        rows = zip(*(s.to_list() for s in self.template.segment_texts(records)), strict=True)
-        encoded = self.encoder.encode_records(self.template.system, self.template.head, list(rows))
-        return [len(ids) for ids in encoded]
+        return [len(ids) for ids in self.encoder.encode_pieces(rows(pieces))]
 
     def _over_length(self, keys: pl.DataFrame) -> pl.DataFrame:
         """Mark exactly measured records whose prompt and answer exceed the context."""
         over = ((keys["tokens"] + self.answer) > self.limit) & keys["exact"]
-        rows = over.arg_true()
+        at = over.arg_true()
         kind = pl.Series("reject_kind", [None] * keys.height, dtype=pl.String)
         reason = pl.Series("reason", [None] * keys.height, dtype=pl.String)
-        if rows.len():
-            tokens = keys["tokens"].gather(rows).to_list()
-            kind = kind.scatter(rows, "over_length")
+        if at.len():
+            tokens = keys["tokens"].gather(at).to_list()
+            kind = kind.scatter(at, "over_length")
             reason = reason.scatter(
-                rows, [over_length_reason(t, self.answer, self.limit) for t in tokens]
+                at, [over_length_reason(t, self.answer, self.limit) for t in tokens]
             )
         return keys.with_columns(kind, reason)
-
-
-def _chain(previous: pl.Series, texts: pl.Series) -> pl.Series:
-    """A hash of (previous level's hash, this segment's text): equal only for records
-    whose first j segments are all equal."""
-    return pl.DataFrame({"h": previous, "t": texts}).hash_rows(seed=7)

@@ -1,14 +1,24 @@
 """Order records so the prefix cache pays, and cut the order into shards.
 
-Only the start of a prompt can be served from the KV cache, so records that share a
-leading part (the same document asked many questions, the same few-shot block) must run
-next to each other. The input to these functions is one row per runnable record:
+Only the start of a prompt can be served from the KV cache, and only in whole KV blocks,
+so records that share a block-aligned start of their token sequence must run next to
+each other, wherever that start ends: after a template field, inside one, or anywhere in
+a conversation. The input to these functions is one row per runnable record:
 
 * ``record_id`` and ``tokens`` (its prompt length);
-* ``h1 .. hL``: a hash of the record's first j template segments, for each leading level
-  j (``L`` is the number of placeholders minus one: the last segment is the record's own);
-* ``p0 .. pL``: prompt tokens up to the end of level j (``p0``: the part every prompt
-  shares, chat frame, system text and the template's leading literal).
+* ``blocks``: a key per whole KV block of the leading part of its token ids that other
+  records may share, each covering every block before it (as vLLM's block hashes do).
+
+The records and their blocks form a trie; ``prefix_levels`` names the nodes that count:
+a node is a group where fewer records pass through it than through its parent (a chain
+of blocks that the same records share is one group), so each record has a few levels:
+
+* ``h1 .. hL``: its groups, outermost first (null past its last);
+* ``p0 .. pL``: prompt tokens, in whole blocks, that level j's group shares (``p0``:
+  what every record shares, such as the system text).
+
+The run order is a depth-first walk of that trie. Today's template fields are one case
+of it: a document shared by many questions is a chain of blocks that one group shares.
 
 Pure: polars frames in, polars frames out. No I/O.
 """
@@ -24,54 +34,100 @@ def level_names(levels: int) -> tuple[list[str], list[str]]:
     return [f"h{j}" for j in range(1, levels + 1)], [f"p{j}" for j in range(levels + 1)]
 
 
-def group_keys(levels: int, block_size: int) -> list[pl.Expr]:
-    """g1..gL: a level's hash where that level adds at least one whole KV block of shared
-    prompt, else null. Grouping on a level that adds no block gains no cache hits, so
-    such records are ordered by length instead."""
-    keys = []
-    for j in range(1, levels + 1):
-        adds_block = (pl.col(f"p{j}") // block_size) > (pl.col(f"p{j - 1}") // block_size)
-        keys.append(pl.when(adds_block).then(pl.col(f"h{j}")).alias(f"g{j}"))
-    return keys
+def level_count(frame: pl.DataFrame) -> int:
+    """How many levels ``prefix_levels`` gave ``frame``."""
+    levels = 0
+    while f"h{levels + 1}" in frame.columns:
+        levels += 1
+    return levels
 
 
-def order_records(records: pl.DataFrame, levels: int, block_size: int) -> pl.DataFrame:
-    """The run order: groups sharing a block-aligned prefix are adjacent, nested level by
-    level; groups whose longest record is longer go first; longest first within a group;
-    ties broken by id, so the order is a pure function of the records.
+def _trie(records: pl.DataFrame) -> pl.DataFrame:
+    """One row per (leaf, depth) of the records' block paths that two or more records
+    share, with how many records pass through that node and through its parent."""
+    leaves = (
+        records.select(pl.col("blocks"), pl.col("blocks").list.last().alias("_leaf"))
+        .filter(pl.col("_leaf").is_not_null())
+        .group_by("_leaf")
+        .agg(pl.len().alias("_n"), pl.col("blocks").first())
+    )
+    nodes = leaves.with_columns(
+        pl.int_ranges(1, pl.col("blocks").list.len() + 1, dtype=pl.UInt32).alias("_d")
+    ).explode(["blocks", "_d"])
+    counts = nodes.group_by("blocks").agg(pl.col("_n").sum().alias("_count"))
+    nodes = nodes.join(counts, on="blocks").sort("_leaf", "_d")
+    parent = pl.col("_count").shift(1).over("_leaf").fill_null(records.height)
+    return nodes.with_columns(parent.alias("_parent")).filter(pl.col("_count") >= 2)
 
-    Adds ``g1..gL`` and ``position`` (0-based place in the order).
-    """
-    frame = records.with_columns(group_keys(levels, block_size))
-    if levels:
-        # Levels that add no block are skipped, so the nesting is over the groups that
-        # count: k1 is a record's outermost real group, k2 the next one inside it, ...
-        present = pl.concat_list([f"g{j}" for j in range(1, levels + 1)]).list.drop_nulls()
-        frame = frame.with_columns(
-            present.list.get(i, null_on_oob=True).alias(f"_k{i + 1}") for i in range(levels)
+
+def prefix_levels(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
+    """``records`` with ``p0``, ``h1..hL`` and ``p1..pL`` (see the module docstring)."""
+    nodes = _trie(records)
+    # Level j of a path starts where its count drops; the level ends at the deepest
+    # node before the next drop (the chain of blocks one group shares).
+    nodes = nodes.with_columns(
+        (pl.col("_count") < pl.col("_parent")).cum_sum().over("_leaf").alias("_j")
+    )
+    root = nodes.filter(pl.col("_j") == 0)["_d"].max()
+    p0 = pl.lit(int(root or 0) * block_size, dtype=pl.Int64).alias("p0")
+    levels = (
+        nodes.filter(pl.col("_j") > 0)
+        .group_by("_leaf", "_j")
+        .agg(
+            pl.col("blocks").sort_by("_d").first().alias("h"),
+            (pl.col("_d").max() * block_size).alias("p"),
         )
+    )
+    count = int(levels["_j"].max() or 0)
+    frame = records.with_columns(pl.col("blocks").list.last().alias("_leaf"), p0)
+    if count:
+        wide = levels.pivot(on="_j", index="_leaf", values=["h", "p"], sort_columns=True)
+        names = {f"{c}_{j}": f"{c}{j}" for c in "hp" for j in range(1, count + 1)}
+        wide = wide.rename({k: v for k, v in names.items() if k in wide.columns})
+        columns = [
+            pl.col(f"{c}{j}").cast(pl.UInt64 if c == "h" else pl.Int64)
+            for j in range(1, count + 1)
+            for c in "hp"
+        ]
+        frame = frame.join(wide.select("_leaf", *columns), on="_leaf", how="left")
+        frame = frame.select(
+            *(c for c in frame.columns if c not in names.values()),
+            *(f"{c}{j}" for j in range(1, count + 1) for c in "hp"),
+        )
+    return frame.drop("_leaf")
+
+
+def order_records(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
+    """The run order: a depth-first walk of the prefix trie. Siblings (groups, and
+    records in no deeper group) go longest first, by the longest record each holds, so
+    long prompts start early; ties are broken by group key, then by id, so the order is
+    a pure function of the records.
+
+    Adds the levels (``prefix_levels``, unless present) and ``position``.
+    """
+    frame = records if "p0" in records.columns else prefix_levels(records, block_size)
+    levels = level_count(frame)
     by: list[str] = []
     descending: list[bool] = []
     for j in range(1, levels + 1):
-        parents = [f"_k{i}" for i in range(1, j + 1)]
-        # A record in no group at this depth (null key) is a group of its own.
-        longest = pl.col("tokens").max().over(parents)
-        longest = pl.when(pl.col(f"_k{j}").is_null()).then(pl.col("tokens")).otherwise(longest)
+        # A record in no group at this depth is a sibling of its own length.
+        longest = pl.col("tokens").max().over(f"h{j}")
+        longest = pl.when(pl.col(f"h{j}").is_null()).then(pl.col("tokens")).otherwise(longest)
         frame = frame.with_columns(longest.alias(f"_longest{j}"))
-        by += [f"_longest{j}", f"_k{j}"]
+        by += [f"_longest{j}", f"h{j}"]
         descending += [True, False]
     by += ["tokens", "record_id"]
     descending += [True, False]
     ordered = frame.sort(by, descending=descending, nulls_last=True)
-    ordered = ordered.drop([f"_{c}{j}" for j in range(1, levels + 1) for c in ("longest", "k")])
+    ordered = ordered.drop([f"_longest{j}" for j in range(1, levels + 1)])
     return ordered.with_row_index("position")
 
 
 def prefix_group(levels: int) -> pl.Expr:
-    """The outermost block-aligned group a record belongs to (null: it shares none)."""
+    """The outermost group a record belongs to (null: it shares no block with a group)."""
     if levels == 0:
         return pl.lit(None, dtype=pl.UInt64)
-    return pl.coalesce([pl.col(f"g{j}") for j in range(1, levels + 1)])
+    return pl.coalesce([pl.col(f"h{j}") for j in range(1, levels + 1)])
 
 
 class _ShardFiller:
@@ -93,13 +149,12 @@ class _ShardFiller:
         return self.current
 
 
-def cut_shards(
-    ordered: pl.DataFrame, levels: int, max_records: int, max_tokens: int
-) -> pl.DataFrame:
+def cut_shards(ordered: pl.DataFrame, max_records: int, max_tokens: int) -> pl.DataFrame:
     """Add ``shard``: consecutive runs of the order holding at most ``max_records``
     records and ``max_tokens`` prompt tokens. A prefix group is never split unless it
-    alone exceeds a budget; then it fills shards in order."""
-    group = ordered.select(prefix_group(levels).alias("g"))["g"]
+    alone exceeds a budget; then it fills shards in order (one engine runs them one
+    after the other, so the group still runs back to back)."""
+    group = ordered.select(prefix_group(level_count(ordered)).alias("g"))["g"]
     starts = (group != group.shift(1)).fill_null(True).to_numpy()  # null: a group of one
     tokens = ordered["tokens"].to_numpy().astype(np.int64)
     if not len(tokens):

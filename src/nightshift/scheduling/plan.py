@@ -1,9 +1,11 @@
 """Plan a job: measure every record, set aside what cannot run, order the rest, cut shards.
 
 The input is streamed in batches and only small per-record keys are kept (where the
-record is, its id, prompt tokens and prefix hashes), never its text, so memory grows by
-tens of bytes per record. Ordering and shard cutting are in ``scheduling``; writing the
-plan next to the output is in ``io.planstore``.
+record is, its id, prompt tokens and keys of its text's byte chunks), never its text, so
+memory grows by tens of bytes per record. A second pass reads the records that share a
+chunk with another, to encode each shared start once (``scheduling.prefixes``).
+Ordering and shard cutting are in ``scheduling.order``; writing the plan next to the
+output is in ``io.planstore``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from nightshift.scheduling.dedup import (
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
-from nightshift.scheduling.order import cut_shards, level_names, order_records
+from nightshift.scheduling.order import cut_shards, order_records, prefix_levels
+from nightshift.scheduling.prefixes import shared_blocks
 from nightshift.scheduling.reuse import predicted_cached, reuse_share
 
 RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact", ANSWERED_FROM]
@@ -84,7 +87,7 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
     for col in spec.input.keep_columns:
         needed.setdefault(col, "input.keep_columns")
     for col in spec.template_columns():
-        needed.setdefault(col, "prompt.template")
+        needed.setdefault(col, spec.prompt.source_key())
     return needed
 
 
@@ -100,7 +103,30 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
         )
     check_id_type(dataset, spec.input.id_column)
     check_column_types(dataset.schema, needed)
+    if spec.prompt.messages_column is not None:
+        check_messages_type(dataset, spec.prompt.messages_column)
     return dataset, list(needed)
+
+
+def check_messages_type(dataset: ds.FileSystemDataset, column: str) -> None:
+    """The messages column must hold lists of {role, content} structs with text roles."""
+    kind = dataset.schema.field(column).type
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    turn = kind.value_type if listed else None
+    names = [turn.field(i).name for i in range(turn.num_fields)] if _is_struct(turn) else []
+    role = turn.field("role").type if "role" in names else None
+    if (
+        "content" in names
+        and role is not None
+        and (pa.types.is_string(role) or pa.types.is_large_string(role))
+    ):
+        return
+    raise SpecError(
+        "prompt.messages_column",
+        f"column {column!r} is {kind}, not a list of {{role, content}} turns",
+        "give a column of lists of structs with a text role and a text content "
+        "(the Hugging Face / OpenAI messages shape), or use prompt.template",
+    )
 
 
 def build_plan(
@@ -113,18 +139,22 @@ def build_plan(
     """Plan every input record, except those whose id is in ``skip_ids`` (already
     planned in this output); shards are numbered from ``first_shard``."""
     dataset, columns = open_job_input(spec)
-    measurer = RecordMeasurer(spec, encoder)
+    block = block_size(spec)
+    measurer = RecordMeasurer(spec, encoder, block)
     keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
     runnable, copies = split_copies(keys.filter(pl.col("reject_kind").is_null()))
-    levels, block = measurer.levels, block_size(spec)
-    ordered = order_records(runnable, levels, block)
-    ordered = cut_shards(ordered, levels, spec.plan.shard_records, spec.plan.shard_tokens)
+    runnable = shared_blocks(dataset, columns, measurer, runnable, block)
+    keys = keys.drop("_chunks")
+    copies = copies.drop("_chunks")
+    runnable = prefix_levels(runnable, block)
+    ordered = order_records(runnable, block)
+    ordered = cut_shards(ordered, spec.plan.shard_records, spec.plan.shard_tokens)
     ordered = ordered.with_columns(pl.col("shard") + first_shard)
     window = _cache_window(spec, runnable)
-    ordered = ordered.with_columns(predicted_cached(ordered, levels, block, window, by="shard"))
-    input_order = predicted_cached(runnable, levels, block, window)
+    ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
+    input_order = predicted_cached(runnable, block, window)
     ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
         "predicted": reuse_share(ordered["predicted_cached"], ordered["tokens"]),
@@ -153,7 +183,6 @@ def _measure_input(
     digests: bool = False,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys."""
-    hashes, prefixes = level_names(measurer.levels)
     parts = []
     bar = tqdm(
         total=dataset.count_rows(), desc="plan", unit="rec", disable=not progress, file=screen()
@@ -176,19 +205,24 @@ def _measure_input(
             if frame.height:
                 part = measurer.measure(frame, where)
                 if digests:  # dedup: each record's exact-repeat key
-                    part = with_digests(part, measurer.template, frame, where)
+                    part = with_digests(part, measurer.renderer, frame, where)
                 parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()
     empty = {"_file": pl.UInt32, "_row": pl.UInt32, "reject_kind": pl.String}
     keys = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema=empty)
-    # A batch with no runnable record has no prefix or token columns: type them anyway.
-    types = {h: pl.UInt64 for h in hashes} | {p: pl.Int64 for p in prefixes}
-    types |= {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
+    # A batch with no runnable record has no token or chunk columns: type them anyway.
+    types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
+    types["_chunks"] = pl.List(pl.UInt64)
+    types |= {c: pl.Int64 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
     return keys.with_columns(missing)
+
+
+def _is_struct(kind: pa.DataType | None) -> bool:
+    return kind is not None and pa.types.is_struct(kind)
 
 
 def _reject_duplicate_ids(keys: pl.DataFrame, id_column: str) -> pl.DataFrame:

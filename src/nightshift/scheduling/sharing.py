@@ -1,0 +1,175 @@
+"""Which leading part of each prompt other prompts share, found cheaply from its bytes.
+
+Exact token ids for every prompt would cost a tokenizer pass over the whole input. The
+prefix cache only pays for what prompts share, so only that part is encoded:
+
+1. Each prompt's text is cut into chunks of ``chunk_bytes`` bytes, and each chunk gets a
+   key that covers every chunk before it (``chunk_keys``): two prompts have the same
+   key at depth d exactly when their first d chunks are equal.
+2. A prompt's shared depth is how many of its leading keys another prompt also has
+   (``shared_depth``); its node is its key at that depth: prompts with the same node
+   share that many chunks and differ in the next one.
+3. The exact shared length of a node's prompts is those chunks plus the common start of
+   their next chunks (the longest common prefix of the smallest and the largest of
+   them); one prompt's pieces are cut there (``cut_pieces``), at a whitespace boundary
+   so the cut piece encodes to the very ids the whole prompt has, and encoded once.
+4. Its token ids, in whole KV blocks, give the node's block keys (``block_keys``), which
+   the prefix order works on (``scheduling.order``).
+
+A shared run of fewer bytes than one chunk inside a group is not seen; a chunk is at
+least one KV block of tokens wide only where a token takes a byte or more (always, for
+record text). Pure: arrays in, arrays out. No I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+MIN_CHUNK_BYTES = 64
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_TRAILING_SPACE = re.compile(r"\s+\S*\Z")
+_WORD_END = re.compile(r"(?<=\S)\s")
+
+
+def chunk_bytes(block_size: int) -> int:
+    """Chunk width in bytes: one KV block of one-byte tokens, at least MIN_CHUNK_BYTES
+    (finer chunks cost more keys than the cache could ever gain from them)."""
+    return max(MIN_CHUNK_BYTES, block_size)
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads every input bit over the whole key."""
+    with np.errstate(over="ignore"):
+        z = values.copy()
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def _offsets(texts: pl.Series) -> tuple[pa.Array, np.ndarray]:
+    array = texts.cast(pl.Binary).rechunk().to_arrow()
+    array = array.cast(pa.large_binary()) if array.type != pa.large_binary() else array
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64)
+    return array, offsets[array.offset : array.offset + len(array) + 1]
+
+
+def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
+    """Per text, one key per chunk of ``size`` bytes (the last may be shorter); the key
+    at depth d covers chunks 1..d, so equal keys mean equal leading bytes."""
+    array, offsets = _offsets(texts)
+    lengths = np.diff(offsets)
+    counts = -(-lengths // size)
+    total = int(counts.sum())
+    firsts = np.cumsum(counts) - counts
+    local = np.arange(total, dtype=np.int64) - np.repeat(firsts, counts)
+    starts = np.repeat(offsets[:-1], counts) + local * size
+    ends = np.minimum(starts + size, np.repeat(offsets[1:], counts))
+    bounds = np.append(starts, ends[-1] if total else offsets[0]).astype(np.int64)
+    chunks = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), total, [None, pa.py_buffer(bounds), array.buffers()[2]]
+    )
+    hashed = pl.Series(chunks).hash(seed=11).to_numpy()
+    with np.errstate(over="ignore"):
+        mixed = _mix(hashed ^ (local.astype(np.uint64) * _GOLDEN))
+        running = np.cumsum(mixed, dtype=np.uint64)  # wraps modulo 2**64, as meant
+        before = np.where(firsts > 0, running[np.maximum(firsts - 1, 0)], np.uint64(0))
+        keys = running - np.repeat(before.astype(np.uint64), counts)
+    list_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lists = pa.LargeListArray.from_arrays(pa.array(list_offsets), pa.array(keys))
+    return pl.Series(texts.name, lists)
+
+
+def shared_depth(chunks: pl.Series) -> pl.DataFrame:
+    """Per prompt (its ``chunk_keys``): ``depth``, how many leading chunks another prompt
+    also starts with, and ``node``, its key at that depth (null at depth 0)."""
+    counts = chunks.list.len().to_numpy().astype(np.int64)
+    values = chunks.explode().drop_nulls()
+    if not len(values):
+        zeros = pl.Series("depth", np.zeros(len(counts), dtype=np.uint32))
+        return pl.DataFrame([zeros, pl.Series("node", [None] * len(counts), dtype=pl.UInt64)])
+    repeated = values.is_duplicated().to_numpy()
+    firsts = np.cumsum(counts) - counts
+    local = np.arange(len(values), dtype=np.int64) - np.repeat(firsts, counts)
+    # The first chunk no other prompt has ends the shared part (later ones cannot match).
+    stop = np.where(repeated, np.repeat(counts, counts), local)
+    has = counts > 0
+    depth = np.zeros(len(counts), dtype=np.int64)
+    depth[has] = np.minimum.reduceat(stop, firsts[has])
+    keys = values.to_numpy()
+    node = np.where(depth > 0, keys[np.minimum(firsts + depth - 1, len(keys) - 1)], 0)
+    return pl.DataFrame(
+        {
+            "depth": depth.astype(np.uint32),
+            "node": pl.Series(node, dtype=pl.UInt64).set(pl.Series(depth == 0), None),
+        }
+    )
+
+
+def common_length(lowest: bytes, highest: bytes) -> int:
+    """Bytes that every string between ``lowest`` and ``highest`` (in byte order) starts
+    with: the common prefix of the two ends."""
+    return len(os.path.commonprefix([lowest, highest]))
+
+
+def cut_pieces(pieces: list[str], length: int) -> list[str]:
+    """The leading ``length`` bytes of a prompt's pieces (``[t0, x1, t1, ..., tn]``, see
+    ``PromptEncoder.encode_pieces``) as pieces that encode to exactly the ids the whole
+    prompt starts with: a frame piece is kept whole or dropped, and a cut record text
+    ends before its last whitespace (a word the cut splits would be encoded otherwise).
+    Ends with an empty frame piece, so it is itself a prompt's pieces."""
+    seen = 0
+    for k, piece in enumerate(pieces):
+        raw = piece.encode()
+        if seen + len(raw) <= length:
+            seen += len(raw)
+            continue
+        if k % 2 == 0:  # inside a frame piece
+            return [*pieces[:k], ""] if k else [""]
+        return [*pieces[:k], _whole_words(raw, length - seen), ""]
+    return list(pieces)
+
+
+def _whole_words(raw: bytes, cut: int) -> str:
+    """``raw[:cut]`` as text, ending where a word ends and whitespace follows (a
+    boundary tokenizers never merge across), or empty where it has none."""
+    part = raw[:cut].decode(errors="ignore")
+    if len(part.encode()) == cut and raw[cut : cut + 1].isspace() and part[-1:].strip():
+        return part
+    return part[: match.start()] if (match := _TRAILING_SPACE.search(part)) else ""
+
+
+def block_keys(ids: list[int], block_size: int) -> list[int]:
+    """A key per whole KV block of ``ids``, covering every block before it (as vLLM's
+    block hashes do): equal keys at depth k mean equal first k blocks of ids. (Python
+    hashes tuples of ints the same in every process: no hash seed applies to them.)"""
+    keys, previous = [], 0
+    for k in range(len(ids) // block_size):
+        previous = hash((previous, tuple(ids[k * block_size : (k + 1) * block_size])))
+        keys.append(previous & 0xFFFFFFFFFFFFFFFF)
+    return keys
+
+
+def word_pieces(pieces: list[str], every: int = 256) -> list[str]:
+    """``pieces`` with each long record text split where whitespace follows a word, about
+    every ``every`` characters: for a tokenizer whose pieces compose, the ids are the
+    same, and prompts that share a long start (one document under many nodes) share
+    those sub-pieces, which the encoder's cache then encodes once."""
+    out = [pieces[0]]
+    for k in range(1, len(pieces) - 1, 2):
+        text, start = pieces[k], 0
+        while len(text) - start > 2 * every:
+            found = _WORD_END.search(text, start + every)
+            if not found:
+                break
+            out += [text[start : found.start()], ""]
+            start = found.start()
+        out += [text[start:], pieces[k + 1]]
+    return out
