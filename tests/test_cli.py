@@ -41,7 +41,7 @@ def test_run_with_the_fake_engine_writes_results_and_report(spec_path, tmp_path)
 
 def test_plan_reports_records_tokens_and_over_length(models, tmp_path, write_spec):
     rows = [
-        {"ticket_id": str(i), "subject": "s", "body": "word " * (10 if i else 3000)}
+        {"ticket_id": str(i), "subject": f"s{i}", "body": "word " * (10 if i else 3000)}
         for i in range(5)
     ]
     write_records(tmp_path / "in.parquet", rows)

@@ -208,7 +208,9 @@ def _worker_reads(models, tmp_path, shards: int) -> int:
     from nightshift.scheduling.dryrun import plan_summary
 
     root = tmp_path / f"n{shards}"
-    rows = [{"ticket_id": f"t{i:03d}", "subject": "s", "body": "a body"} for i in range(4 * shards)]
+    rows = [  # distinct prompts: exact repeats would be answered once (dedup)
+        {"ticket_id": f"t{i:03d}", "subject": "s", "body": f"body {i}"} for i in range(4 * shards)
+    ]
     write_records(root / "in" / "a.parquet", rows)
     data = spec_dict(
         models["chat"], root / "in", root / "out", plan={"shard_records": 4}, run={"engine": "fake"}
