@@ -134,8 +134,8 @@ def build_plan(
     keys = _measure_input(dataset, columns, measurer, progress, skip_ids)
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     runnable = keys.filter(pl.col("reject_kind").is_null())
+    keys = keys.drop("_chunks")  # only runnable records' chunks count, and memory is tight
     runnable = shared_blocks(dataset, columns, measurer, runnable, block)
-    keys = keys.drop("_chunks")
     runnable = prefix_levels(runnable, block)
     ordered = order_records(runnable, block)
     ordered = cut_shards(ordered, spec.plan.shard_records, spec.plan.shard_tokens)
