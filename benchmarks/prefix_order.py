@@ -7,8 +7,22 @@ engine, through bare ``LLM.generate`` (nightshift's token ids, input order), vLL
 prompt tokens computed and cached, and cached tokens as a share of the block-granular
 optimum. The model is a random 4-layer, 512-wide Llama, built once in benchmarks/.cache/.
 
+``--shape`` picks how the records reach nightshift:
+
+* ``fields`` (the default): a document and a question column, template
+  "{document}\\n\\nQuestion: {question}";
+* ``column``: the same prompts pre-rendered in one ``prompt`` column (template
+  "{prompt}"), so the shared document ends inside the field;
+* ``messages``: a ``messages`` column with one user turn holding document and question
+  (``prompt.messages_column``), shared inside the turn's content.
+
+The ``column`` and ``messages`` shapes also run bare ``LLM.generate`` in the ideal order
+(each document's questions together) on the same engine after a prefix-cache reset, and
+their figures are merged into the results file under ``shapes``.
+
     .venv/bin/python benchmarks/prefix_order.py [--documents 64] [--questions 16] \\
-        [--blocks 100] [--out benchmarks/results/prefix_order.json]
+        [--blocks 100] [--shape fields|column|messages ...] \\
+        [--out benchmarks/results/prefix_order.json]
 
 At small sizes keep --blocks below documents x 6 (e.g. --documents 8 --questions 4
 --blocks 24), or every prefix fits in the cache and order cannot matter.
@@ -39,6 +53,7 @@ SYSTEM = "Answer the question about the document in a few words."
 TEMPLATE = "{document}\n\nQuestion: {question}"
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 GOAL_SHARE, GOAL_SPEEDUP = 0.95, 3.0
+GOAL_IDEAL_SHARE, GOAL_IDEAL_SPEEDUP = 0.95, 0.90  # of the ideal order's (column, messages)
 # run_batch's log: the engine is up; its progress bar's last line (the answers are in)
 BATCH_MARKS = ("Reading batch from", "Running batch: 100%")
 FIELDS = ("wall_s", "engine_startup_s", "generate_s")  # then the TOKENS, in side()
@@ -110,13 +125,28 @@ def make_rows(documents: int, questions: int, doc_tokens: int) -> list[dict]:
     ]
 
 
-def write_spec(tmp: Path, rows: list[dict], blocks: int) -> Path:
+def shaped(rows: list[dict], shape: str) -> list[dict]:
+    """The records as the input of ``shape`` holds them (see the module docstring)."""
+    if shape == "fields":
+        return rows
+    if shape == "column":
+        return [{"id": r["id"], "prompt": TEMPLATE.format(**r)} for r in rows]
+    return [{"id": r["id"], "messages": messages(r)[1:]} for r in rows]  # system: the spec's
+
+
+def prompt_section(shape: str) -> dict:
+    if shape == "messages":
+        return {"system": SYSTEM, "messages_column": "messages"}
+    return {"system": SYSTEM, "template": TEMPLATE if shape == "fields" else "{prompt}"}
+
+
+def write_spec(tmp: Path, rows: list[dict], blocks: int, shape: str = "fields") -> Path:
     data = tmp / "records.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), data)
+    pq.write_table(pa.Table.from_pylist(shaped(rows, shape)), data)
     spec = {
         "name": "prefix-order",
         "input": {"path": str(data), "id_column": "id"},
-        "prompt": {"system": SYSTEM, "template": TEMPLATE},
+        "prompt": prompt_section(shape),
         "task": {"kind": "generate"},
         "model": {"path": str(MODEL_DIR), "max_model_len": 2048, "dtype": "float32"},
         "engine": {  # kv_cache_dtype: nightshift's default (fp8; auto where it cannot run)
@@ -135,18 +165,18 @@ def write_spec(tmp: Path, rows: list[dict], blocks: int) -> Path:
     return path
 
 
-def token_ids(spec, rows: list[dict]) -> list[list[int]]:
+def token_ids(spec, rows: list[dict], shape: str = "fields") -> list[list[int]]:
     """nightshift's own token ids for ``rows`` (the one call that follows its encoder API)."""
     import polars as pl
 
     from nightshift.scheduling.plan import load_encoder
-    from nightshift.scheduling.prompts import PromptTemplate
+    from nightshift.scheduling.render import renderer_for
+    from nightshift.scheduling.render import rows as piece_rows
 
-    # Exactly as a run encodes them: segment by segment (see PromptEncoder.encode_records).
-    template = PromptTemplate(spec.prompt.template, spec.prompt.system)
-    segments = [s.to_list() for s in template.segment_texts(pl.DataFrame(rows))]
-    records = list(zip(*segments, strict=True))
-    return load_encoder(spec).encode_records(template.system, template.head, records)
+    # Exactly as a run encodes them: piece by piece (see PromptEncoder.encode_pieces).
+    encoder = load_encoder(spec)
+    pieces = renderer_for(spec, encoder).pieces(pl.DataFrame(shaped(rows, shape)))
+    return encoder.encode_pieces(piece_rows(pieces))
 
 
 def messages(row: dict) -> list[dict]:
@@ -197,8 +227,10 @@ def counter(metrics: list, name: str) -> int:
     return sum(int(m.value) for m in metrics if m.name == name)
 
 
-def bare_generate(spec, ids: list[list[int]]) -> dict:
-    """One ``LLM.generate`` call with every prompt, in input order, on nightshift's engine."""
+def bare_generate(spec, ids: list[list[int]], ideal: list[int] | None = None) -> dict:
+    """One ``LLM.generate`` call with every prompt, in input order, on nightshift's engine;
+    with ``ideal`` (an order of the prompts), a second call in that order after a
+    prefix-cache reset, its figures under ``ideal_order``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -211,22 +243,35 @@ def bare_generate(spec, ids: list[list[int]]) -> dict:
     params = SamplingParams(
         max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed
     )
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params, use_tqdm=False)
-    done = time.perf_counter()
-    metrics = llm.get_metrics()
     cache = llm.llm_engine.vllm_config.cache_config
     kv, block = str(cache.cache_dtype), cache.block_size
+
+    def one_call(prompts: list[list[int]]) -> tuple:
+        names = ("prompt_tokens", "prompt_tokens_cached")
+        before = [counter(llm.get_metrics(), f"vllm:{n}") for n in names]
+        began = time.perf_counter()
+        out = llm.generate(
+            [TokensPrompt(prompt_token_ids=i) for i in prompts], params, use_tqdm=False
+        )
+        took = time.perf_counter() - began
+        after = [counter(llm.get_metrics(), f"vllm:{n}") for n in names]
+        output = sum(len(o.outputs[0].token_ids) for o in out)
+        return took, after[0] - before[0], after[1] - before[1], output
+
+    took, prompt, cached, output = one_call(ids)
+    extra = {}
+    if ideal is not None:
+        llm.reset_prefix_cache()
+        again = one_call([ids[i] for i in ideal])
+        extra["ideal_order"] = side((again[0], 0.0, *again), optimum_cached(ids, block))
     engine.close()
-    prompt, cached = (
-        counter(metrics, f"vllm:{n}") for n in ("prompt_tokens", "prompt_tokens_cached")
-    )
-    output = sum(len(o.outputs[0].token_ids) for o in outputs)
     return side(
-        (time.perf_counter() - started, ready - started, done - ready, prompt, cached, output),
+        (time.perf_counter() - started, ready - started, took, prompt, cached, output),
         optimum_cached(ids, block),
         kv_cache_dtype=kv,
         block_size=block,
         kv_cache_settings=engine.info.settings,
+        **extra,
     )
 
 
@@ -331,6 +376,28 @@ def nightshift_run(spec_path: Path, spec, block: int, ids: list[list[int]], env:
     )
 
 
+def shape_goals(bare: dict, batch: dict, ours: dict) -> dict:
+    """The issue-14 goals for a shape: >= 95% of the ideal order's cached prompt tokens,
+    >= 90% of its speed-up over input order, faster than run_batch end to end."""
+    if "error" in ours:
+        return {"met": False, "error": "the nightshift run failed"}
+    ideal = bare["ideal_order"]
+    ideal_speedup = bare["generate_s"] / ideal["generate_s"]
+    ours_speedup = bare["generate_s"] / ours["generate_s"]
+    figures = {
+        "cached_share_of_ideal_order": (
+            ours["prompt_tokens_cached"] / max(1, ideal["prompt_tokens_cached"]),
+            GOAL_IDEAL_SHARE,
+        ),
+        "speedup_share_of_ideal_order": (ours_speedup / ideal_speedup, GOAL_IDEAL_SPEEDUP),
+        "wall_vs_run_batch": (batch["wall_s"] / ours["wall_s"], 1.0),
+    }
+    out = {k: {"value": v, "target": t, "met": v >= t} for k, (v, t) in figures.items()}
+    out["speedup_generate_vs_input_order"] = ours_speedup
+    out["ideal_order_speedup_generate_vs_input_order"] = ideal_speedup
+    return {**out, "met": all(g["met"] for g in out.values() if isinstance(g, dict))}
+
+
 def goals(bare: dict, batch: dict, ours: dict) -> dict:
     """The targets: nightshift caches >= 95% of the optimum and generates >= 3x faster."""
     if "error" in ours:
@@ -356,50 +423,78 @@ NOTES = [
 ]
 
 
+def run_shape(args: argparse.Namespace, rows: list[dict], shape: str, env: dict) -> dict:
+    """Every side of one input shape, each on a fresh engine with the same settings."""
+    from nightshift.jobs.loading import load_spec
+
+    with tempfile.TemporaryDirectory(prefix="prefix_order-") as tmp:
+        spec_path = write_spec(Path(tmp), rows, args.blocks, shape)
+        spec = load_spec(spec_path, [])
+        ids = token_ids(spec, rows, shape)
+        ideal = None if shape == "fields" else sorted(range(len(rows)), key=lambda i: rows[i]["id"])
+        bare = bare_generate(spec, ids, ideal)
+        batch = run_batch(spec, rows, bare["kv_cache_dtype"], bare["block_size"], Path(tmp), env)
+        ours = nightshift_run(spec_path, spec, bare["block_size"], ids, env)
+        spec_text = spec_path.read_text()
+    return {
+        "shape": shape,
+        "records": len(rows),
+        "distinct_prefix_tokens": sum(len(i) for i in ids[: args.documents]),
+        "spec": yaml.safe_load(spec_text),
+        "bare_generate": bare,
+        "run_batch": batch,
+        "nightshift": ours,
+        "goals": goals(bare, batch, ours) if shape == "fields" else shape_goals(bare, batch, ours),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=64)
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=100, help="KV cache blocks (128 tokens)")
     parser.add_argument("--doc-tokens", type=int, default=700)
+    parser.add_argument(
+        "--shape", nargs="+", default=["fields"], choices=["fields", "column", "messages"]
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/prefix_order.json")
     args = parser.parse_args()
     clean_env = dict(os.environ)
 
-    from nightshift.jobs.loading import load_spec
-
     build_model()
     rows = make_rows(args.documents, args.questions, args.doc_tokens)
-    with tempfile.TemporaryDirectory(prefix="prefix_order-") as tmp:
-        spec_path = write_spec(Path(tmp), rows, args.blocks)
-        spec = load_spec(spec_path, [])
-        ids = token_ids(spec, rows)
-        bare = bare_generate(spec, ids)
-        batch = run_batch(
-            spec, rows, bare["kv_cache_dtype"], bare["block_size"], Path(tmp), clean_env
-        )
-        ours = nightshift_run(spec_path, spec, bare["block_size"], ids, clean_env)
-        spec_text = spec_path.read_text()
-
-    figures = {
-        "benchmark": "prefix order: interleaved shared prefixes, KV cache smaller than them",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+    workload = {
         "documents": args.documents,
         "questions": args.questions,
         "records": len(rows),
         "kv_cache_blocks": args.blocks,
-        "kv_cache_tokens": args.blocks * bare["block_size"],
-        "distinct_prefix_tokens": sum(len(i) for i in ids[: args.documents]),
-        "model": {"path": str(MODEL_DIR.relative_to(ROOT)), **SHAPE, **HEADS, "dtype": "float32"},
-        "spec": yaml.safe_load(spec_text),
-        "bare_generate": bare,
-        "run_batch": batch,
-        "nightshift": ours,
-        "goals": goals(bare, batch, ours),
-        "notes": NOTES,
+        "doc_tokens": args.doc_tokens,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    figures = json.loads(args.out.read_text()) if args.out.exists() else {}
+    figures.update(
+        {
+            "benchmark": "prefix order: interleaved shared prefixes, KV cache smaller than them",
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            "model": {
+                "path": str(MODEL_DIR.relative_to(ROOT)),
+                **SHAPE,
+                **HEADS,
+                "dtype": "float32",
+            },
+            "notes": NOTES,
+        }
+    )
+    for shape in args.shape:
+        result = run_shape(args, rows, shape, clean_env)
+        if shape == "fields":
+            figures.update(
+                workload, kv_cache_tokens=args.blocks * result["bare_generate"]["block_size"]
+            )
+            figures.update({k: v for k, v in result.items() if k not in ("shape", "records")})
+        else:
+            figures.setdefault("shapes", {})[shape] = {**workload, **result}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
 
 

@@ -145,9 +145,9 @@ def build_plan(
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
     runnable, copies = split_copies(keys.filter(pl.col("reject_kind").is_null()))
-    runnable = shared_blocks(dataset, columns, measurer, runnable, block)
-    keys = keys.drop("_chunks")
+    keys = keys.drop("_chunks")  # only runnable records' chunks count, and memory is tight
     copies = copies.drop("_chunks")
+    runnable = shared_blocks(dataset, columns, measurer, runnable, block)
     runnable = prefix_levels(runnable, block)
     ordered = order_records(runnable, block)
     ordered = cut_shards(ordered, spec.plan.shard_records, spec.plan.shard_tokens)
