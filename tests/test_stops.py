@@ -246,6 +246,8 @@ def test_a_frozen_engine_core_is_killed_and_replaced_and_the_job_completes(
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
     data["run"] = {"chunk_records": 8, "stall_s": 5}
+    # Small batches: the later shards' records are still to run when shard 0 commits.
+    data["engine"] = {"max_num_seqs": 8, "extra": {"enforce_eager": True}}
     outcome = run_job(validate_spec(data), progress=False)
 
     assert frozen
