@@ -41,6 +41,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -117,6 +118,7 @@ def start(spec: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=spec.parent,  # engine logs of S3 outputs go to ./.nightshift/logs
         )
 
 
@@ -173,7 +175,7 @@ def stop(process: subprocess.Popen, how: str, term_wait: float) -> dict:
     }
 
 
-def wait_for(anchor: str, output: str, process: subprocess.Popen) -> None:
+def wait_for(anchor: str, output: str, process: subprocess.Popen, timeout: float = 600) -> bool:
     """Until the moment a kill's delay counts from: the start, the plan written (the
     fake engine's start-up is most of its run), or the first checkpoint (the real's)."""
     from nightshift.io.outputs import JobOutput
@@ -183,8 +185,12 @@ def wait_for(anchor: str, output: str, process: subprocess.Popen) -> None:
         "plan": lambda: JobOutput(output).plans.manifest() is not None,
         "checkpoint": lambda: held(output) > 0,
     }[anchor]
+    deadline = time.monotonic() + timeout
     while process.poll() is None and not ready():
+        if time.monotonic() > deadline:
+            return False  # hung before it got there: the kill lands now
         time.sleep(0.1)
+    return True
 
 
 def held(output: str) -> int:
@@ -229,20 +235,15 @@ def trial(case: dict, inputs: tuple, work: Path, args: argparse.Namespace) -> di
     first_log, second_log = work / name / "first.fake", work / name / "second.fake"
     began = time.monotonic()
     process = start(spec, run_env(fake_env(first_log)), work / name / "first.log")
-    wait_for(case["anchor"], output, process)
+    reached = wait_for(case["anchor"], output, process, args.rerun_timeout)
     anchored = time.monotonic()
     time.sleep(max(0.0, case["delay_s"] - (anchored - began if case["anchor"] == "start" else 0)))
     stopped = stop(process, case["signal"], args.term_wait)
     stopped["at_s"] = round(time.monotonic() - began, 2)
+    stopped["anchor_reached"] = reached
     kept = held(output)
     killed_report = report(output)
-    rerun = subprocess.run(
-        [*NIGHTSHIFT, "jobs", "run", str(spec), "-q"],
-        env=run_env(fake_env(second_log)),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    rerun, hung = rerun_to_completion(spec, fake_env(second_log), work / name, args.rerun_timeout)
     figures = report(output) or {}
     answered = figures.get("this_run", {}).get("records_answered")
     runnable = len(ids) - figures.get("records", {}).get("rejected", 0)
@@ -251,6 +252,7 @@ def trial(case: dict, inputs: tuple, work: Path, args: argparse.Namespace) -> di
         **stopped,
         "held_after_kill": kept,
         "rerun_returncode": rerun.returncode,
+        "reruns_hung": hung,
         "rerun_records_answered": answered,
         # Records the output held after the kill and the rerun answered again: 0 expected.
         "redone_after_checkpoint": None if answered is None else answered - (runnable - kept),
@@ -262,8 +264,31 @@ def trial(case: dict, inputs: tuple, work: Path, args: argparse.Namespace) -> di
         twice = set(generated_prompts(first_log)) & set(generated_prompts(second_log))
         result["generated_in_both_runs"] = len(twice)
     if rerun.returncode != 0:
-        result["rerun_stderr"] = rerun.stderr[-2000:]
+        result["rerun_log"] = rerun.log[-2000:]
     return result
+
+
+@dataclass
+class Rerun:
+    returncode: int
+    log: str
+
+
+def rerun_to_completion(spec: Path, env: dict, trial_dir: Path, timeout: float) -> tuple:
+    """Run the job again until it exits; a rerun that hangs past ``timeout`` is killed
+    with its tree and started once more (a hang is its own defect, not the kill's). The
+    last rerun, and how many hung."""
+    for hung in range(3):
+        log = trial_dir / f"rerun-{hung}.log"
+        process = start(spec, run_env(env), log)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_all(tree(process))
+            process.wait()
+            continue
+        return Rerun(process.returncode, log.read_text(errors="replace")), hung
+    return Rerun(process.returncode, log.read_text(errors="replace")), 3
 
 
 def calibrate(inputs: tuple, work: Path, engine: str) -> dict:
@@ -289,6 +314,12 @@ def calibrate(inputs: tuple, work: Path, engine: str) -> dict:
     }
 
 
+def signal_for(index: int, engine: str, drawn: str) -> str:
+    """The drawn signal; the few real-engine trials take both signals on both stores
+    in turn (KILL local, KILL S3, TERM local, TERM S3), so each is measured."""
+    return drawn if engine == "fake" else ["SIGKILL", "SIGTERM"][index // 2 % 2]
+
+
 def plan_cases(args: argparse.Namespace, wall: dict[str, dict], bucket: str) -> list[dict]:
     """The kill points: engine, store, signal and moment of each, drawn from ``--seed``.
 
@@ -311,7 +342,7 @@ def plan_cases(args: argparse.Namespace, wall: dict[str, dict], bucket: str) -> 
                 "index": index,
                 "engine": engine,
                 "store": "s3" if index % 2 else "local",
-                "signal": rng.choice(["SIGKILL", "SIGTERM"]),
+                "signal": signal_for(index, engine, rng.choice(["SIGKILL", "SIGTERM"])),
                 "anchor": anchor,
                 "delay_s": round(delay, 2),
                 "bucket": bucket,
@@ -349,6 +380,7 @@ def summary(trials: list[dict]) -> dict:
             "kills": len(rows),
             "finished_before_the_signal": sum(t["finished_before"] for t in rows),
             "reruns_failed": sum(t["rerun_returncode"] != 0 for t in rows),
+            "reruns_hung": sum(t.get("reruns_hung", 0) for t in rows),
             "records_lost": sum(t["lost"] for t in rows),
             "records_duplicated": sum(t["duplicated"] for t in rows),
             "redone_after_checkpoint": sum(t["redone_after_checkpoint"] or 0 for t in rows),
@@ -383,6 +415,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--jobs", type=int, default=2, help="fake-engine trials at once")
+    parser.add_argument(
+        "--env", action="append", default=[], help="KEY=VALUE for every run (repeatable)"
+    )
+    parser.add_argument("--rerun-timeout", type=float, default=600.0)
     parser.add_argument("--term-wait", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.json")
     args = parser.parse_args()
@@ -395,6 +431,7 @@ def main() -> None:
         os.environ["PREFECT_HOME"] = str(work / "prefect-home")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # room beside other work
+        os.environ.update(dict(item.split("=", 1) for item in args.env))
         stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         from prefect.settings import PREFECT_API_URL
 
@@ -411,7 +448,7 @@ def main() -> None:
     result = {
         "command": "nice -n 10 .venv/bin/python benchmarks/soak.py "
         f"--kills {args.kills} --real {args.real} --records {args.records} --seed {args.seed} "
-        f"--jobs {args.jobs}",
+        f"--jobs {args.jobs}" + "".join(f" --env {item}" for item in args.env),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "job": {
             "records": args.records,
