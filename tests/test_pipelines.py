@@ -63,20 +63,20 @@ def fake_spec(write_spec, ticket_dir: Path, out: Path, models, **sections) -> Pa
 def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_report(
     models, ticket_dir, tmp_path, write_spec, monkeypatch
 ):
-    """Real vLLM: the engine-core process is SIGKILLed at shard 1's first checkpoint,
-    after shard 0 committed (the feeding loop streams across shards, so shard 1 is
-    already running then); shard 1's task fails, Prefect retries it on a fresh engine,
-    shard 2 goes on there, and the flow completes with the output exact. A second run of
-    the flow skips every shard and starts no engine."""
+    """Real vLLM: the engine-core process is SIGKILLed right after shard 0 commits (with
+    small batches, shard 1 is still in the engine then: the feeding loop streams across
+    shards); shard 1's task fails, Prefect retries it on a fresh engine, shard 2 goes on
+    there, and the flow completes with the output exact. A second run of the flow skips
+    every shard and starts no engine."""
     import psutil
 
     from nightshift.io.shardstore import ShardStore
 
-    write_chunk = ShardStore.write_chunk
+    commit = ShardStore.commit
 
-    def checkpoint_then_kill_the_engine(self, shard, *args, **kwargs):
-        done = write_chunk(self, shard, *args, **kwargs)
-        if shard == 1 and self.marker(0) is not None and not killed:
+    def commit_then_kill_the_engine(self, shard, *args, **kwargs):
+        done = commit(self, shard, *args, **kwargs)
+        if shard == 0:
             killed.append(shard)
             for child in psutil.Process().children(recursive=True):
                 if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
@@ -84,7 +84,7 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
         return done
 
     killed: list[int] = []
-    monkeypatch.setattr(ShardStore, "write_chunk", checkpoint_then_kill_the_engine)
+    monkeypatch.setattr(ShardStore, "commit", commit_then_kill_the_engine)
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
@@ -94,7 +94,7 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
     spec_path = write_spec(data)
 
     report, flow_run_id = run_flow(spec_path)
-    assert killed == [1]
+    assert killed == [0]
 
     assert report["shards"] == {"count": 3, "committed": 3, "failed": {}, "complete": True}
     assert report["this_run"]["engine_starts"] == 2
