@@ -63,20 +63,20 @@ def fake_spec(write_spec, ticket_dir: Path, out: Path, models, **sections) -> Pa
 def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_report(
     models, ticket_dir, tmp_path, write_spec, monkeypatch
 ):
-    """Real vLLM: the engine-core process is SIGKILLed right after shard 0 commits (with
-    small batches, shard 1 is still in the engine then: the feeding loop streams across
-    shards); shard 1's task fails, Prefect retries it on a fresh engine, shard 2 goes on
-    there, and the flow completes with the output exact. A second run of the flow skips
-    every shard and starts no engine."""
+    """Real vLLM: the engine-core process is SIGKILLed at shard 0's first checkpoint
+    (small batches: shards 1 and 2 have not started); shard 0's task fails, Prefect
+    retries it on a fresh engine, shards 1 and 2 go on there, and the flow completes
+    with the output exact. A second run of the flow skips every shard and starts no
+    engine."""
     import psutil
 
     from nightshift.io.shardstore import ShardStore
 
-    commit = ShardStore.commit
+    write_chunk = ShardStore.write_chunk
 
-    def commit_then_kill_the_engine(self, shard, *args, **kwargs):
-        done = commit(self, shard, *args, **kwargs)
-        if shard == 0:
+    def checkpoint_then_kill_the_engine(self, shard, *args, **kwargs):
+        done = write_chunk(self, shard, *args, **kwargs)
+        if shard == 0 and not killed:
             killed.append(shard)
             for child in psutil.Process().children(recursive=True):
                 if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
@@ -84,12 +84,12 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
         return done
 
     killed: list[int] = []
-    monkeypatch.setattr(ShardStore, "commit", commit_then_kill_the_engine)
+    monkeypatch.setattr(ShardStore, "write_chunk", checkpoint_then_kill_the_engine)
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
     data["run"] = {"chunk_records": 8, "retry_delay_s": [1]}
-    # Small batches: shard 2's records are not yet in the engine when shard 1 checkpoints.
+    # Small batches: shard 1's records are not yet in the engine when shard 0 checkpoints.
     data["engine"] = {"max_num_seqs": 8, "extra": {"enforce_eager": True}}
     spec_path = write_spec(data)
 
@@ -101,8 +101,8 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
     assert_exactly_once(str(out), "ticket_id", pl.read_parquet(ticket_dir)["ticket_id"].to_list())
     runs = task_runs(flow_run_id)
     assert {"plan", "shard-0", "shard-1", "shard-2", "report"} <= set(runs)
-    assert runs["shard-1"].run_count == 2  # failed once, retried by Prefect
-    assert runs["shard-0"].run_count == runs["shard-2"].run_count == 1
+    assert runs["shard-0"].run_count == 2  # failed once, retried by Prefect
+    assert runs["shard-1"].run_count == runs["shard-2"].run_count == 1
     assert all(r.state.is_completed() for r in runs.values())
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).name.startswith("test-job-")
