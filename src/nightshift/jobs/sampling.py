@@ -34,7 +34,7 @@ class RecordSampling(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = Field(default=None, ge=-MAX_INT, le=MAX_INT)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch takes
     stop: list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     json_schema: dict[str, Any] | None = None

@@ -18,7 +18,10 @@ from pydantic import (
 )
 
 from nightshift.capacity.settings import CapacitySpec
-from nightshift.jobs.runspec import PlanSpec, RunSpec, ScheduleSpec  # also imported from here
+
+# The execution sections live in runspec; they are imported from here too.
+from nightshift.jobs.runspec import CacheSpec, CostSpec, PlanSpec, RunSpec, ScheduleSpec
+from nightshift.jobs.runspec import ProviderPrice as ProviderPrice
 from nightshift.jobs.secrets import refuse_secrets
 from nightshift.jobs.section import Section as _Section
 
@@ -359,44 +362,6 @@ class SamplingSpec(_Section):
 
 class OutputSpec(_Section):
     path: str = Field(description="Output directory for results, rejects and the report.")
-
-
-class ProviderPrice(_Section):
-    """One row of ``cost.compare``: a provider's batch price, USD per million tokens."""
-
-    provider: str = Field(min_length=1, description="Who sells it, e.g. openai.")
-    model: str = Field(min_length=1, description="The model the price is for.")
-    input: float = Field(ge=0, description="USD per million input tokens, batch tier.")
-    cached_input: float | None = Field(
-        default=None, ge=0, description="USD per million cached input tokens; unset: as input."
-    )
-    output: float = Field(ge=0, description="USD per million output tokens, batch tier.")
-    source: str = Field(default="cost.compare", description="Where the price comes from.")
-
-
-class CacheSpec(_Section):
-    path: str | None = Field(
-        default=None,
-        description="A response cache shared by jobs (a local directory or s3://...): an "
-        "answer is looked up there before its request is sent, and every new one is stored.",
-    )
-
-
-class CostSpec(_Section):
-    gpu: str = Field(default="h100", description="Accelerator name, shown in the report.")
-    gpus: int = Field(default=1, gt=0, description="Accelerators the job holds while it runs.")
-    usd_per_gpu_hour: float = Field(default=0.0, ge=0, description="Price of one GPU hour.")
-    expected_tokens_per_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="Throughput (prompt + output tokens/s) used by `jobs plan` to project "
-        "cost before any run; without it the plan uses the last run's measured figure.",
-    )
-    compare: list[ProviderPrice] | None = Field(
-        default=None,
-        description="Provider batch prices the report compares the self-hosted cost with; "
-        "unset: the published prices nightshift ships (see reports.compare), [] for none.",
-    )
 
 
 class JobSpec(_Section):
