@@ -77,6 +77,12 @@ class RunSpec(_Section):
         "its shards continue on a fresh engine (an attempt). A healthy engine generates "
         "tokens every step (well under a second); keep it far above your slowest step.",
     )
+    overlap_startup: bool = Field(
+        default=True,
+        description="Start the engine while the plan is built, so its start-up hides the "
+        "plan time. false starts it only once the plan is written: for a machine that "
+        "cannot hold both at once, or to measure what the overlap saves.",
+    )
     stop_s: float = Field(
         default=60.0,
         gt=0,
