@@ -132,7 +132,7 @@ def check_overrides(overrides: list[str]) -> None:
             continue
         raise SpecError(
             "--set",
-            f"{key or item!r} cannot be set for a batch",
+            f"{key or repr(item)} cannot be set for a batch",
             "batch run takes model.max_model_len, engine.*, plan.*, run.* and cost.*; "
             "each request carries its own sampling",
         )
