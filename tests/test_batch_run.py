@@ -178,6 +178,14 @@ def test_a_completions_batch_in_process_and_the_mistakes_a_user_can_make(models,
     assert outcome.input_tokens > 0 and outcome.errors == str(tmp_path / "out.errors.jsonl")
     bodies = [Completion.model_validate(x["response"]["body"]) for x in read_jsonl(out)]
     assert [b.model for b in bodies] == ["base"] * 6 and bodies[0].object == "text_completion"
+    with pytest.raises(UserError, match=r"other settings \(model.max_model_len"):
+        run_batch(
+            str(source),
+            str(out),
+            model=str(models["plain"]),
+            served_names=["base", "alias"],
+            overrides=["run.engine=fake", "model.max_model_len=512"],
+        )
     with pytest.raises(UserError, match="not the file this batch started from"):
         source.write_text(source.read_text() + json.dumps({**lines[0], "custom_id": "new"}) + "\n")
         run_batch(
@@ -191,6 +199,12 @@ def test_a_completions_batch_in_process_and_the_mistakes_a_user_can_make(models,
         run_batch(
             str(source), str(out), model=str(models["plain"]), overrides=["sampling.max_tokens=3"]
         )
+    nothing = tmp_path / "bad.jsonl"
+    nothing.write_text('{"custom_id": "z", "params": {"stream": true, "messages": []}}\n')
+    empty = run_batch(str(nothing), str(tmp_path / "z.jsonl"), model=str(models["plain"]))
+    assert (empty.total, empty.completed, empty.failed, empty.report) == (1, 0, 1, None)
+    [errored] = read_jsonl(tmp_path / "z.jsonl")  # no job at all: just the error line
+    assert MessageBatchIndividualResponse.model_validate(errored).result.type == "errored"
     missing = batch_cli(str(tmp_path / "none.jsonl"), str(out), "--model", str(models["plain"]))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -32,7 +32,7 @@ from nightshift.batch.openai import OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import ID_COLUMN, SAMPLING_COLUMN, BadLine, convert, file_digest
 from nightshift.batch.shapes import Context
-from nightshift.errors import ObjectNotFound, SpecError, UserError
+from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
 from nightshift.io.objectstore import ObjectStore, open_store
 from nightshift.jobs.loading import apply_override, validate_spec
 
@@ -299,4 +299,12 @@ def _run_job(
     work.put_bytes("job.yaml", text.encode())
     path = tmp / "job.yaml"
     path.write_text(text)
-    return run_flow_once(str(path), None, progress=progress)
+    try:
+        return run_flow_once(str(path), None, progress=progress)
+    except OutputExistsError as exc:  # its advice names jobs run's options: say ours
+        changed = re.search(r"\(([^()]*) changed\)", str(exc))
+        what = f" ({changed.group(1)} changed)" if changed else ""
+        raise UserError(
+            f"this batch started with other settings{what}; rerun it with the --set it "
+            f"started with, or remove {work.root} to start it over"
+        ) from None
