@@ -4,14 +4,17 @@ killed after its first checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from anthropic.types.messages import MessageBatchIndividualResponse
 from openai.types import Completion
@@ -19,8 +22,10 @@ from openai.types.chat import ChatCompletion
 
 from nightshift.batch.run import run_batch
 from nightshift.errors import SpecError, UserError
+from nightshift.jobs.status import output_status
 
 from .durable import generated_prompts
+from .test_workers import kill_with_children
 
 pytest_plugins = ["tests.s3server"]
 
@@ -242,8 +247,35 @@ def test_a_batch_from_s3_to_s3(models, tmp_path, s3_env):
     assert json.loads(marker["Body"].read())["records"] == len(good) + 1  # too-long: a plan reject
 
 
+def kill_after_first_checkpoint(args: list[str], job: str, timeout: float = 600) -> None:
+    """Start ``batch run`` and SIGKILL it with its engine processes once the job holds a
+    checkpoint (a process that kills only itself would leave vLLM's engine core behind)."""
+    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
+    cli = subprocess.Popen(
+        [*NIGHTSHIFT, "batch", "run", *args, "-q"],
+        env={**os.environ, **limit},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            assert cli.poll() is None, cli.stderr.read().decode()[-3000:]
+            with contextlib.suppress(UserError):
+                records = output_status(job)["records"]
+                if records["ok"] + records["failed"]:
+                    return
+            time.sleep(0.2)
+        raise AssertionError("no checkpoint in time")
+    finally:
+        kill_with_children(psutil.Process(cli.pid))
+        cli.wait(timeout=60)
+
+
 @pytest.mark.engine
 def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path):
+    """The holdout's mix (a shared system text, JSON-schema requests, braces and Jinja in
+    the text, bad lines) through vLLM, killed after the first checkpoint, then rerun."""
     source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     good, bad = openai_file(source, good=16)
     args = [
@@ -258,8 +290,14 @@ def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path)
         "--set",
         "engine.max_num_seqs=16",
     ]
-    first = batch_cli(*args, env={"NIGHTSHIFT_CRASH_AT": "chunk.written:1"}, timeout=600)
-    assert first.returncode == -signal.SIGKILL, first.stderr
+    kill_after_first_checkpoint(args, f"{out}.nightshift/job")
+    assert not out.exists()
     second = batch_cli(*args, timeout=600)
     assert second.returncode == 0, second.stderr
-    assert_each_once(out, tmp_path / "results.errors.jsonl", good, bad)
+    failed = assert_each_once(out, tmp_path / "results.errors.jsonl", good, bad)
+    assert {f["custom_id"] for f in failed} >= {"too-long", "bad-model", "bad-stream"}
+    for line in read_jsonl(out):
+        if int(line["custom_id"].split("-")[1]) % 4 == 0:  # guided: valid JSON of the schema
+            content = line["response"]["body"]["choices"][0]["message"]["content"]
+            if line["response"]["body"]["choices"][0]["finish_reason"] == "stop":
+                assert json.loads(content)["label"] in {"billing", "bug", "other"}

@@ -21,7 +21,7 @@ import json
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from nightshift.batch.anthropic import AnthropicParser
 from nightshift.batch.openai import OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import ID_COLUMN, SAMPLING_COLUMN, BadLine, convert, file_digest
+from nightshift.batch.results import Written
 from nightshift.batch.shapes import Context
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
 from nightshift.io.objectstore import ObjectStore, open_store
@@ -51,6 +52,10 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 
 @dataclass
 class BatchOutcome:
+    """What a ``run_batch`` call did: requests (every non-blank input line) completed and
+    failed, their tokens, the files written, the work folder and the job's report (None
+    when no line could run). ``stopped``: a graceful stop; nothing written, rerun."""
+
     total: int = 0
     completed: int = 0
     failed: int = 0
@@ -63,7 +68,6 @@ class BatchOutcome:
     report: dict[str, Any] | None = None
     stopped: bool = False
     format: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def run_batch(
@@ -83,40 +87,43 @@ def run_batch(
     served = list(dict.fromkeys(served_names or [model_path.name]))
     check_overrides(overrides or [])
     work_url = (work_url or f"{output_url.rstrip('/')}.nightshift").rstrip("/")
-    errors_url = errors_url or default_errors_url(output_url)
     work = open_store(work_url)
     with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
         source = _local_input(input_url, Path(tmp))
         marker = _converted(work, source, fmt, served, input_url, work_url, Path(tmp))
-        report = None
-        if marker["records"]:
-            report = _run_job(work, marker, model_path, overrides or [], progress, Path(tmp))
-            if report.get("stopped"):
-                return BatchOutcome(
-                    work=work_url, report=report, stopped=True, format=marker["format"]
+        if marker["format"] == "anthropic":
+            if errors_url:
+                raise UserError(
+                    "--errors: an Anthropic batch's results hold every request, errored "
+                    "ones too, in OUTPUT; leave --errors out"
                 )
-        bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
-        records = (
-            work.download(RECORDS, Path(tmp, "records.parquet")) if marker["records"] else None
-        )
-        ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
-        job = work.uri(JOB_DIR) if marker["records"] else None
-        done = write_outputs(
-            ctx, marker["format"], outcomes(records, bad, job), output_url, errors_url
-        )
-    return BatchOutcome(
-        total=done.lines,
-        completed=done.completed,
-        failed=done.failed,
-        input_tokens=done.input_tokens,
-        output_tokens=done.output_tokens,
-        cached_tokens=done.cached_tokens,
-        output=output_url,
-        errors=None if marker["format"] == "anthropic" else errors_url,
-        work=work_url,
-        report=report,
-        format=marker["format"],
-    )
+        else:
+            errors_url = errors_url or default_errors_url(output_url)
+        outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
+        outcome.format = marker["format"]
+        if marker["records"]:
+            outcome.report = _run_job(
+                work, marker, model_path, overrides or [], progress, Path(tmp)
+            )
+            if outcome.report.get("stopped"):
+                outcome.stopped = True
+                return outcome
+        done = _write_files(work, marker, output_url, errors_url, Path(tmp))
+    outcome.total, outcome.completed, outcome.failed = done.lines, done.completed, done.failed
+    outcome.input_tokens, outcome.output_tokens = done.input_tokens, done.output_tokens
+    outcome.cached_tokens = done.cached_tokens
+    return outcome
+
+
+def _write_files(
+    work: ObjectStore, marker: dict, output_url: str, errors_url: str | None, tmp: Path
+) -> Written:
+    bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
+    records, job = None, None
+    if marker["records"]:
+        records, job = work.download(RECORDS, tmp / "records.parquet"), work.uri(JOB_DIR)
+    ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
+    return write_outputs(ctx, marker["format"], outcomes(records, bad, job), output_url, errors_url)
 
 
 def default_errors_url(output_url: str) -> str:
