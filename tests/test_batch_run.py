@@ -183,6 +183,7 @@ def test_a_completions_batch_in_process_and_the_mistakes_a_user_can_make(models,
     assert outcome.input_tokens > 0 and outcome.errors == str(tmp_path / "out.errors.jsonl")
     bodies = [Completion.model_validate(x["response"]["body"]) for x in read_jsonl(out)]
     assert [b.model for b in bodies] == ["base"] * 6 and bodies[0].object == "text_completion"
+    assert [len(b.choices) for b in bodies] == [1, 2] * 3  # each request's own n
     with pytest.raises(UserError, match=r"other settings \(model.max_model_len"):
         run_batch(
             str(source),
