@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from nightshift.batch.http import ApiError
-from nightshift.batch.records import mark_cancelling, new_record
+from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState
 from nightshift.batch.store import new_id, valid_id
 

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from nightshift.batch.http import ApiError
-from nightshift.batch.records import mark_cancelling, new_record
+from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState, count_lines
 from nightshift.batch.store import file_object, new_id, valid_id
 

@@ -13,6 +13,10 @@ from typing import Any
 from nightshift.batch.store import BatchStore
 
 
+class JobStopped(Exception):
+    """The batch's job stopped before its end, and not for a cancel."""
+
+
 @dataclass
 class ServeSettings:
     """What ``nightshift batch serve`` was started with (the key never leaves memory)."""
@@ -53,24 +57,52 @@ def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSetti
         work_url=batches.work_uri(record["id"]),
         progress=False,
     )
+    if outcome.stopped:
+        current = batches.batch(record["id"]) or record
+        if current["status"] != "cancelling":
+            raise JobStopped(record["id"])  # a shutdown: the next start resumes it
+        return write_partial(batches, record)
     return outcome_counts(outcome)
 
 
+def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]:
+    """A cancelled batch's results: the lines its job answered (its committed shards and
+    the bad lines), none for the requests it never ran. ``run_batch`` writes results
+    only once a job is done, so this is its last step, given the answers so far."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from nightshift.batch.output import outcomes, write_outputs
+    from nightshift.batch.records import BadLine
+    from nightshift.batch.run import BAD_LINES, JOB_DIR, MARKER, RECORDS
+    from nightshift.batch.shapes import Context
+
+    from nightshift.io.objectstore import open_store
+
+    work = open_store(batches.work_uri(record["id"]))
+    marker = json.loads(work.get_bytes(MARKER))
+    bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
+    with tempfile.TemporaryDirectory(prefix="nightshift-cancel-") as tmp:
+        records = work.download(RECORDS, Path(tmp, "r.parquet")) if marker["records"] else None
+        ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
+        answered = (
+            item
+            for item in outcomes(records, bad, work.uri(JOB_DIR))
+            if item[3].ok or item[3].code != "not_run"
+        )
+        done = write_outputs(
+            ctx,
+            marker["format"],
+            answered,
+            batches.file_uri(record["output_file_id"]),
+            batches.file_uri(record["error_file_id"]),
+        )
+    return outcome_counts(done) | {"total": record["request_counts"]["total"]}
+
+
 def outcome_counts(outcome: Any) -> dict[str, int]:
-    """``BatchOutcome`` as the plain numbers a batch record keeps."""
-    usage = getattr(outcome, "usage", None)
-
-    def tokens(name: str) -> int:
-        value = getattr(usage, name, None) if usage is not None else None
-        if value is None and isinstance(usage, dict):
-            value = usage.get(name)
-        return int(value or getattr(outcome, f"{name}_tokens", 0) or 0)
-
-    return {
-        "total": int(outcome.total),
-        "completed": int(outcome.completed),
-        "failed": int(outcome.failed),
-        "input_tokens": tokens("input"),
-        "output_tokens": tokens("output"),
-        "cached_tokens": tokens("cached"),
-    }
+    """``BatchOutcome`` (or ``write_outputs``' counts) as the numbers a record keeps."""
+    names = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens")
+    counts = {name: int(getattr(outcome, name)) for name in names}
+    return {"total": int(getattr(outcome, "total", None) or outcome.lines), **counts}

@@ -8,6 +8,8 @@ A cancel, or the server shutting down, stops the running job gracefully, the way
 SIGTERM stops ``nightshift jobs run`` (``pipelines.stops``): answers held are
 checkpointed and the flow run ends Cancelled. A cancelled batch then gets its partial
 results; one stopped by a shutdown stays unfinished and carries on at the next start.
+Between batches the engine stays up (``running.engines.warm_engines``) for the next
+batch with the same engine settings.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nightshift.batch.execute import JobStopped
 from nightshift.batch.store import UNFINISHED, BatchStore
 from nightshift.pipelines import stops
+from nightshift.running.engines import warm_engines
 
 log = logging.getLogger(__name__)
 Runner = Callable[[dict[str, Any]], dict[str, int]]
@@ -59,6 +63,10 @@ class BatchQueue:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        with warm_engines():  # batches of the same engine settings share one engine
+            self._serve()
+
+    def _serve(self) -> None:
         while not self._closing.is_set():
             record = self._next()
             if record is None:
@@ -92,6 +100,8 @@ class BatchQueue:
         watcher = _StopWatcher(self._stop_wanted)
         try:
             counts = self._run(record)
+        except JobStopped:
+            return  # unfinished: run again (resumed) by the next start or the next turn
         except Exception as exc:
             if self._closing.is_set():
                 return  # stopped by the shutdown: resumes at the next start

@@ -22,8 +22,8 @@ from nightshift.batch.api_anthropic import anthropic_router
 from nightshift.batch.api_openai import openai_router
 from nightshift.batch.execute import ServeSettings, run_record
 from nightshift.batch.http import BodyLimit, install_error_handlers
+from nightshift.batch.lifecycle import finish
 from nightshift.batch.queue import BatchQueue
-from nightshift.batch.records import finish
 from nightshift.batch.state import ServerState
 from nightshift.batch.store import BatchStore
 from nightshift.errors import UserError
