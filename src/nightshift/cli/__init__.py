@@ -1,10 +1,11 @@
-"""The ``nightshift`` command: ``jobs`` (run, plan, status, export), ``schedule`` (serve,
-deploy), ``demo`` (init) and ``cache`` (stats, prune)."""
+"""The ``nightshift`` command: ``jobs`` (run, plan, status, export), ``batch`` (run),
+``schedule`` (serve, deploy), ``demo`` (init) and ``cache`` (stats, prune)."""
 
 from __future__ import annotations
 
 import typer
 
+from nightshift.cli.batch import batch_app
 from nightshift.cli.batchserve import register as register_batch_serve
 from nightshift.cli.cache import cache_app
 from nightshift.cli.jobs import jobs_app
@@ -17,13 +18,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(jobs_app, name="jobs")
+register_batch_serve(batch_app)  # `batch serve`, beside `batch run`
+app.add_typer(batch_app, name="batch")
 app.add_typer(demo_app, name="demo")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(cache_app, name="cache")
-# TEMPORARY until `batch run` (cli/batch.py) lands: its batch_app then carries `serve`.
-batch_app = typer.Typer(help="Provider batch files and the batch API server.", no_args_is_help=True)
-register_batch_serve(batch_app)
-app.add_typer(batch_app, name="batch")
 
 if __name__ == "__main__":
     app()
