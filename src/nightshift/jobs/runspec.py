@@ -1,0 +1,116 @@
+"""The spec's execution sections: how records become shards (``plan``), how the job
+runs (``run``) and when (``schedule``). None of them changes an answer, so none is in
+the fingerprint (``jobs.fingerprint``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, field_validator
+
+from nightshift.jobs.section import Section as _Section
+
+
+class PlanSpec(_Section):
+    shard_records: int = Field(
+        default=100_000,
+        gt=0,
+        description="Most records in one shard. A shard is the unit that is committed, "
+        "retried and (later) spread over workers; records sharing a prefix stay together.",
+    )
+    shard_tokens: int = Field(
+        default=50_000_000,
+        gt=0,
+        description="Most prompt tokens in one shard, so shards of long prompts stay short.",
+    )
+
+
+class RunSpec(_Section):
+    chunk_records: int = Field(
+        default=4096,
+        gt=0,
+        description="A shard checkpoints its answers every this many records, so a crash "
+        "loses at most one chunk. The engine is fed continuously either way.",
+    )
+    chunk_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A shard also checkpoints when this long has passed since its last "
+        "checkpoint, so a slow job loses at most this much work.",
+    )
+    shard_attempts: int = Field(
+        default=3,
+        gt=0,
+        description="Attempts per shard when the engine dies under it (each on a fresh "
+        "engine, continuing from its checkpoints) before the shard is reported failed.",
+    )
+    engine: Literal["vllm", "fake"] = Field(
+        default="vllm",
+        description="vllm runs the model; fake is a fast deterministic stand-in for tests.",
+    )
+    incremental: bool = Field(
+        default=True,
+        description="A rerun into the same output also plans the input's records whose id "
+        "no earlier run planned, so a nightly job generates only new records. false: a "
+        "rerun only resumes. To regenerate everything, run with --overwrite or --new-run.",
+    )
+    lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="With several workers, a worker's claim on a shard lasts this long "
+        "unless renewed (every quarter of it); a worker that dies gives its shard up to "
+        "the others after at most this long. Keep it well above the workers' clock skew.",
+    )
+    retry_delay_s: list[Annotated[float, Field(ge=0)]] = Field(
+        default=[10.0, 60.0],
+        min_length=1,
+        description="Seconds Prefect waits before retrying a failed shard task, one per "
+        "retry (the last repeats); retries = run.shard_attempts - 1.",
+    )
+    stall_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="The engine is hung when, with requests in flight, it generates no "
+        "token and finishes no request for this long: it is killed with its processes and "
+        "its shards continue on a fresh engine (an attempt). A healthy engine generates "
+        "tokens every step (well under a second); keep it far above your slowest step.",
+    )
+    stop_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="After SIGTERM, Ctrl-C or a Prefect cancellation the run stops "
+        "gracefully (checkpoints what it holds, writes the report, exits with code 3); "
+        "past this many seconds it exits at once. Keep it under your platform's notice.",
+    )
+
+
+class ScheduleSpec(_Section):
+    cron: str = Field(
+        description="When the job runs, as a five-field cron expression, e.g. '0 2 * * *' "
+        "for 02:00 every night. Served by `nightshift schedule serve` or `deploy`."
+    )
+    timezone: str = Field(
+        default="UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value: str) -> str:
+        if len(value.split()) != 5:
+            raise ValueError(
+                f"{value!r} is not a five-field cron expression (minute hour day month "
+                "weekday), e.g. '0 2 * * *'"
+            )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or UTC"
+            ) from None
+        return value
