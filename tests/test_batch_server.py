@@ -44,10 +44,9 @@ class Server:
         self.log = store.parent / f"server-{uuid.uuid4().hex[:6]}.log"
 
     def command(self, port: int) -> list[str]:
-        boot = "exec(open('/tmp/standin_s.py').read()); from nightshift.cli import app; app()"
         return [
             sys.executable,
-            *("-c", boot, "batch", "serve"),
+            *("-m", "nightshift.cli", "batch", "serve"),
             *("--model", str(self.model), "--store", str(self.store), "--port", str(port)),
             *("--api-key", KEY, "--served-model-name", "demo", *self.args),
         ]
