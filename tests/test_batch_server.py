@@ -303,3 +303,52 @@ def test_ids_limits_and_malformed_requests_get_4xx_json(serve, tmp_path):
         env={k: v for k, v in os.environ.items() if k != "NIGHTSHIFT_API_KEY"},
     )
     assert refused.returncode == 2 and "API key" in refused.stderr
+
+
+@pytest.mark.engine
+def test_a_real_engine_server_killed_mid_batch_answers_every_request_once(models, tmp_path):
+    """One server, real vLLM: an OpenAI batch and an Anthropic batch queued behind it;
+    the server SIGKILLs itself at its first checkpoint and is started again on the
+    same store, which finishes both (the second on the first's warm engine)."""
+    args = [
+        *("--set", "run.chunk_records=4", "--set", "engine.max_num_seqs=8"),
+        *("--set", "engine.extra.enforce_eager=true"),
+    ]
+    crash = {"NIGHTSHIFT_CRASH_AT": "chunk.written:1"}
+    server = Server(tmp_path / "store", models["chat"], *args, env=crash)
+    server.start()
+    try:
+        lines = [
+            chat_line(f"o-{i}", f"Ticket {i}: my invoice is wrong", max_tokens=6) for i in range(12)
+        ]
+        lines += ["not json", chat_line("o-0", "a repeat"), chat_line("o-x", "hi", stream=True)]
+        batch = openai_batch(server.openai(), lines)
+        requests = [anthropic_request(f"a-{i}", f"Summarise ticket {i}") for i in range(6)]
+        mbatch = server.anthropic().messages.batches.create(requests=requests)
+        assert server.proc.wait(600) == -signal.SIGKILL, server.log.read_text()[-3000:]
+        server.env = {}
+        server.start(timeout=120)
+        client = server.openai()
+        done = finished(client, batch.id)
+        assert done.status == "completed", done
+        out = output_lines(client, done.output_file_id)
+        errors = output_lines(client, done.error_file_id)
+        for line in out:
+            ChatCompletion.model_validate(line["response"]["body"])
+        ids = sorted(x["custom_id"] for x in out + errors if x["custom_id"] is not None)
+        assert ids == sorted([f"o-{i}" for i in range(12)] + ["o-0", "o-x"])
+        assert len(out) == 12 and len(errors) == 3
+        assert done.request_counts.completed == 12 and done.usage.output_tokens > 0
+
+        claude = server.anthropic()
+        ended = wait_for(
+            lambda: claude.messages.batches.retrieve(mbatch.id),
+            lambda b: b.processing_status == "ended",
+            timeout=600,
+        )
+        assert ended.request_counts.succeeded == 6
+        results = list(claude.messages.batches.results(mbatch.id))
+        assert sorted(r.custom_id for r in results) == sorted(f"a-{i}" for i in range(6))
+        assert all(r.result.type == "succeeded" for r in results)
+    finally:
+        server.stop()
