@@ -352,3 +352,31 @@ def test_a_real_engine_server_killed_mid_batch_answers_every_request_once(models
         assert all(r.result.type == "succeeded" for r in results)
     finally:
         server.stop()
+
+
+def test_warm_engines_lend_one_engine_to_runs_of_the_same_settings(models, tmp_path):
+    """What keeps the server's engine up between batches: the same engine settings get
+    the same engine back; a discarded (crashed) or stopped one is closed, never lent."""
+    from nightshift.jobs.spec import JobSpec
+    from nightshift.running import engines
+
+    from .conftest import spec_dict
+
+    def spec(**engine) -> JobSpec:
+        data = spec_dict(models["chat"], tmp_path / "in", tmp_path / "out")
+        data["run"] = {"engine": "fake"}
+        data["engine"] = {**data["engine"], **engine}
+        return JobSpec.model_validate(data)
+
+    with engines.warm_engines():
+        first = engines.build_engine(spec())
+        inner = first._engine
+        first.close()
+        again = engines.build_engine(spec())
+        assert again._engine is inner  # handed back, lent again
+        again.discard()
+        again.close()
+        assert engines.build_engine(spec())._engine is not inner  # a discarded one is gone
+        other = engines.build_engine(spec(max_num_seqs=8))
+        assert other._engine is not inner
+    assert engines.build_engine(spec()).__class__.__name__ == "FakeEngine"  # off outside

@@ -77,7 +77,6 @@ def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]
     from nightshift.batch.records import BadLine
     from nightshift.batch.run import BAD_LINES, JOB_DIR, MARKER, RECORDS
     from nightshift.batch.shapes import Context
-
     from nightshift.io.objectstore import open_store
 
     work = open_store(batches.work_uri(record["id"]))
