@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from nightshift.cli.batch import batch_app
+from nightshift.cli.batchserve import register as register_batch_serve
 from nightshift.cli.cache import cache_app
 from nightshift.cli.jobs import jobs_app
 from nightshift.cli.schedule import schedule_app
@@ -17,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(jobs_app, name="jobs")
+register_batch_serve(batch_app)  # `batch serve`, beside `batch run`
 app.add_typer(batch_app, name="batch")
 app.add_typer(demo_app, name="demo")
 app.add_typer(schedule_app, name="schedule")
