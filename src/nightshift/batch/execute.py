@@ -42,6 +42,13 @@ def input_uri(batches: BatchStore, record: dict[str, Any]) -> str:
     return batches.store.uri(batches.input_key(record["id"]))
 
 
+def errors_uri(batches: BatchStore, record: dict[str, Any]) -> str | None:
+    """OpenAI batches have an errors file; Anthropic results hold errored requests too."""
+    if record["provider"] != "openai":
+        return None
+    return batches.file_uri(record["error_file_id"])
+
+
 def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSettings) -> dict:
     """Run (or resume) ``record``'s job; returns its counts and token usage."""
     from nightshift.batch.run import run_batch
@@ -50,7 +57,7 @@ def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSetti
         input_uri(batches, record),
         batches.file_uri(record["output_file_id"]),
         model=settings.model,
-        errors_url=batches.file_uri(record["error_file_id"]),
+        errors_url=errors_uri(batches, record),
         fmt=record["provider"],
         served_names=settings.served_names or None,
         overrides=list(settings.overrides),
@@ -95,7 +102,7 @@ def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]
             marker["format"],
             answered,
             batches.file_uri(record["output_file_id"]),
-            batches.file_uri(record["error_file_id"]),
+            errors_uri(batches, record),
         )
     return outcome_counts(done) | {"total": record["request_counts"]["total"]}
 
