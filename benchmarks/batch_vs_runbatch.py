@@ -111,7 +111,7 @@ def write_input(path: Path, model: Path, args) -> dict:
     order = [i % args.systems for i in range(args.requests)]
     rng.shuffle(order)  # every system text's records interleaved through the file
     lines = [
-        request_line(i, systems[s], {**t, "body": t["body"][: args.body_chars]}, str(model), args)
+        request_line(i, systems[s], {**t, "body": t["body"][: args.body_chars]}, model.name, args)
         for i, (s, t) in enumerate(zip(order, tickets(args.requests, seed=3), strict=True))
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -122,7 +122,7 @@ def write_input(path: Path, model: Path, args) -> dict:
 def engine_settings(args) -> dict:
     """The one set of engine settings both sides get."""
     return {
-        "dtype": args.dtype,
+        "dtype": "auto",  # the model's own (bfloat16); batch run's --set has no model.dtype
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -139,6 +139,7 @@ def engine_settings(args) -> dict:
 def run_batch_command(s: dict, model: Path, inp: Path, out: Path) -> list[str]:
     values = {
         "--model": model,
+        "--served-model-name": model.name,
         "--dtype": s["dtype"],
         "--max-model-len": s["max_model_len"],
         "--max-num-seqs": s["max_num_seqs"],
@@ -160,7 +161,6 @@ def run_batch_command(s: dict, model: Path, inp: Path, out: Path) -> list[str]:
 def nightshift_command(s: dict, model: Path, inp: Path, out: Path, errors: Path) -> list[str]:
     keys = {
         "model.max_model_len": s["max_model_len"],
-        "model.dtype": s["dtype"],
         "engine.max_num_seqs": s["max_num_seqs"],
         "engine.max_num_batched_tokens": s["max_num_batched_tokens"],
         "engine.kv_cache_dtype": s["kv_cache_dtype"],
@@ -172,7 +172,18 @@ def nightshift_command(s: dict, model: Path, inp: Path, out: Path, errors: Path)
         keys["engine.extra.num_gpu_blocks_override"] = s["num_gpu_blocks_override"]
     sets = [x for k, v in keys.items() for x in ("--set", f"{k}={v}")]
     cli = [sys.executable, "-m", "nightshift.cli", "batch", "run", str(inp), str(out)]
-    return [*cli, "--model", str(model), "--errors", str(errors), "--format", "openai", *sets]
+    names = ["--served-model-name", model.name]  # the name every request gives, as run_batch's
+    return [
+        *cli,
+        "--model",
+        str(model),
+        *names,
+        "--errors",
+        str(errors),
+        "--format",
+        "openai",
+        *sets,
+    ]
 
 
 def timed(cmd: list[str], env: dict, log: Path) -> tuple[float, int, float | None]:
@@ -315,7 +326,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--schema-share", type=float, default=0.2, help="share with a JSON schema")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--schema-max-tokens", type=int, default=48)
-    p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
