@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,16 +43,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/: the durable-output and S3 server helpers
 
+from benchmarks.soakproc import held, kill_all, start, stop, tree, wait_for  # noqa: E402
+from tests.conftest import spec_dict  # noqa: E402
 from tests.durable import committed_ids, generated_prompts  # noqa: E402
 from tests.s3server import running_seaweedfs  # noqa: E402
 
-NIGHTSHIFT = [sys.executable, "-m", "nightshift.cli"]
 FAKE_SECONDS_PER_RECORD = 0.01
 
 
@@ -78,21 +77,14 @@ def make_inputs(root: Path, records: int) -> tuple[Path, Path, list[str]]:
 
 
 def write_spec(root: Path, model: Path, inputs: Path, output: str, engine: str) -> Path:
-    spec = {
-        "name": "soak",
-        "input": {"path": str(inputs), "id_column": "ticket_id", "keep_columns": ["subject"]},
-        "prompt": {"system": "Label the ticket.", "template": "Subject: {subject}\n\n{body}"},
-        "task": {
-            "kind": "classify",
-            "labels": ["billing", "bug", "feature_request", "account", "other"],
-        },
-        "model": {"path": str(model), "max_model_len": 2048, "dtype": "float32"},
-        "engine": {"max_num_seqs": 64, "extra": {"enforce_eager": True}},
-        "sampling": {"max_tokens": 8},
-        "output": {"path": output},
-        "plan": {"shard_records": 50},
-        "run": {"chunk_records": 10, "engine": engine},
-    }
+    spec = spec_dict(
+        model,
+        inputs,
+        output,
+        name="soak",
+        plan={"shard_records": 50},
+        run={"chunk_records": 10, "engine": engine},
+    )
     path = root / f"spec-{uuid.uuid4().hex[:8]}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -108,101 +100,6 @@ def fake_env(log: Path | None = None) -> dict[str, str]:
     """The fake engine's pace, and where it logs what it generated."""
     env = {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": str(FAKE_SECONDS_PER_RECORD)}
     return {**env, "NIGHTSHIFT_FAKE_LOG": str(log)} if log else env
-
-
-def start(spec: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [*NIGHTSHIFT, "jobs", "run", str(spec), "-q"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=spec.parent,  # engine logs of S3 outputs go to ./.nightshift/logs
-        )
-
-
-def tree(process: subprocess.Popen) -> list[psutil.Process]:
-    try:
-        parent = psutil.Process(process.pid)
-        return [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def kill_all(processes: list[psutil.Process]) -> int:
-    """SIGKILL whatever of ``processes`` still lives; how many did."""
-    killed = 0
-    for p in processes:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                p.send_signal(signal.SIGKILL)
-                killed += 1
-        except psutil.NoSuchProcess:
-            pass
-    return killed
-
-
-def stop(process: subprocess.Popen, how: str, term_wait: float) -> dict:
-    """Send the trial's signal; what happened."""
-    if process.poll() is not None:
-        return {"signal": how, "finished_before": True, "returncode": process.returncode}
-    processes = tree(process)
-    sent = time.monotonic()
-    if how == "SIGKILL":
-        kill_all(processes)
-        process.wait()
-        return {"signal": how, "finished_before": False, "returncode": process.returncode}
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=term_wait)
-        exited = True
-    except subprocess.TimeoutExpired:
-        exited = False
-    exit_s = time.monotonic() - sent
-    if not exited:
-        kill_all(processes[:1])
-    process.wait()
-    time.sleep(0.5)  # children that outlive their parent by a moment are not orphans
-    orphans = kill_all(processes[1:])
-    return {
-        "signal": how,
-        "finished_before": False,
-        "exited_on_its_own": exited,
-        "exit_s": round(exit_s, 2),
-        "returncode": process.returncode,
-        "orphans_killed": orphans,
-    }
-
-
-def wait_for(anchor: str, output: str, process: subprocess.Popen, timeout: float = 600) -> bool:
-    """Until the moment a kill's delay counts from: the start, the plan written (the
-    fake engine's start-up is most of its run), or the first checkpoint (the real's)."""
-    from nightshift.io.outputs import JobOutput
-
-    ready = {
-        "start": lambda: True,
-        "plan": lambda: JobOutput(output).plans.manifest() is not None,
-        "checkpoint": lambda: held(output) > 0,
-    }[anchor]
-    deadline = time.monotonic() + timeout
-    while process.poll() is None and not ready():
-        if time.monotonic() > deadline:
-            return False  # hung before it got there: the kill lands now
-        time.sleep(0.1)
-    return True
-
-
-def held(output: str) -> int:
-    """Records the output holds (committed or checkpointed); 0 before a plan exists."""
-    from nightshift.errors import UserError
-    from nightshift.jobs.status import output_status
-
-    try:
-        records = output_status(output)["records"]
-    except UserError:
-        return 0
-    return records["ok"] + records["failed"]
 
 
 def report(output: str) -> dict | None:

@@ -23,6 +23,7 @@ LAYERS = [
     {"running"},
     {"reports"},
     {"pipelines"},
+    {"batch"},
     {"demo"},
     {"cli"},
 ]

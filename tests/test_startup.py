@@ -63,6 +63,19 @@ def test_the_engine_starts_while_the_plan_is_built(models, ticket_dir, tmp_path,
     assert report["records"]["ok"] == 120
 
 
+def test_overlap_startup_false_starts_the_engine_only_after_the_plan(
+    models, ticket_dir, tmp_path, slow_start
+):
+    spec = spec_dict(models["chat"], ticket_dir, tmp_path / "out", run={"overlap_startup": False})
+    began = time.perf_counter()
+    report = run_job(validate_spec(spec), progress=False).report
+    ((build_began, _),) = slow_start
+    t = report["time_s"]
+    assert build_began - began >= t["plan"] and t["startup_during_plan"] == 0
+    assert t["engine_startup"] == pytest.approx(START_S, abs=0.3)
+    assert report["records"]["ok"] == 120
+
+
 def test_a_plan_that_fails_shuts_down_the_engine_that_was_starting(models, tmp_path, slow_start):
     write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s"}])  # no body
     spec = validate_spec(spec_dict(models["chat"], tmp_path / "in.parquet", tmp_path / "out"))

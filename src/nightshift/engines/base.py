@@ -19,10 +19,12 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Constraint:
-    """Guided decoding: the answer is one of ``choice``, or JSON matching ``json_schema``."""
+    """Guided decoding: the answer is one of ``choice``, JSON matching ``json_schema``, or
+    (``json_object``) any JSON object."""
 
     choice: tuple[str, ...] | None = None
     json_schema: dict[str, Any] | None = None
+    json_object: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,25 +35,56 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     constraint: Constraint | None = None
+    n: int = 1  # answers (choices) per prompt
+    logprobs: int | None = None  # None: none; k: each chosen token's and the top k's
 
 
 @dataclass(frozen=True)
 class EngineRequest:
     key: int  # the runner's handle for the request, unique in the run; results carry it back
     token_ids: Sequence[int]
+    sampling: Sampling | None = None  # this request's own (input.sampling_column); None: the run's
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability; ``bytes`` are its text's UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top_logprobs: tuple[TokenLogprob, ...] = ()  # the likeliest tokens at its place
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a request's ``n`` answers. ``stop_sequence``: the stop string that ended it."""
+
+    text: str
+    finish_reason: str | None
+    output_tokens: int = 0
+    stop_sequence: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
 
 
 @dataclass(frozen=True)
 class EngineResult:
     key: int
-    text: str = ""
+    text: str = ""  # choice 0's, as are finish_reason and stop_sequence
     finish_reason: str | None = None
     prompt_tokens: int = 0
-    output_tokens: int = 0
+    output_tokens: int = 0  # summed over the choices
     cached_tokens: int = 0
     error: str | None = None
     retryable: bool = False  # the error may not recur: the request is worth sending again
     aborted: bool = False  # not finished: no answer, never a row; the record is asked again
+    choices: tuple[Choice, ...] = ()  # every answer; () means one: text and finish_reason
+
+    def all_choices(self) -> tuple[Choice, ...]:
+        """Every answer, choice 0 first (one made of ``text`` when ``choices`` is empty)."""
+        if self.choices:
+            return self.choices
+        return (Choice(self.text, self.finish_reason, self.output_tokens),)
 
 
 @dataclass
@@ -85,9 +118,10 @@ class Engine(Protocol):
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
     ) -> Iterator[EngineResult]:
-        """Results of ``requests`` as they finish. ``requests`` may yield None: nothing
-        to send yet; the engine goes on with what it holds and asks again (a feed whose
-        next shard has not arrived never makes a running batch wait)."""
+        """Results of ``requests`` as they finish, each under its own ``sampling`` or,
+        without one, under ``sampling``. ``requests`` may yield None: nothing to send
+        yet; the engine goes on with what it holds and asks again (a feed whose next
+        shard has not arrived never makes a running batch wait)."""
         ...
 
     def stats(self) -> EngineStats: ...

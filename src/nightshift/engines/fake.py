@@ -1,7 +1,8 @@
 """A deterministic, instant stand-in for vLLM, for unit tests.
 
 It honours the engine contract closely enough for the runner not to tell the difference:
-answers depend only on the prompt's token ids, guided choices and JSON are respected,
+answers depend only on the prompt's token ids and sampling (each request's own when it
+has one: max_tokens, n, stop, logprobs), guided choices and JSON are respected,
 and the prefix cache is simulated at block granularity (unbounded, or least recently
 used blocks evicted beyond ``cache_blocks``), so cached-token counts behave like the
 real engine's.
@@ -15,9 +16,18 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.engines.base import (
+    Choice,
+    EngineInfo,
+    EngineRequest,
+    EngineResult,
+    EngineStats,
+    Sampling,
+    TokenLogprob,
+)
 from nightshift.errors import EngineFatalError, EngineStalledError
 
 
@@ -49,6 +59,14 @@ def example_json(schema: dict[str, Any], seed: int) -> Any:
         "boolean": bool(seed % 2),
         "null": None,
     }.get(kind)
+
+
+def _logprob(token: str, seed: int, top: int) -> TokenLogprob:
+    """A made-up log probability of ``token``, with ``top`` alternatives (itself first)."""
+    logprob = -((seed % 7) + 1) / 8
+    others = [TokenLogprob(f"t{seed % 89 + m}", logprob - m, tuple(b"t")) for m in range(1, top)]
+    mine = TokenLogprob(token, logprob, tuple(token.encode()))
+    return replace(mine, top_logprobs=(mine, *others)[:top])
 
 
 class FakeEngine:
@@ -144,7 +162,7 @@ class FakeEngine:
                 self._hang_after -= 1
             return False
         self._hang_after = None  # once
-        from nightshift.engines.vllm_engine import StallWatch  # imports no vLLM
+        from nightshift.engines.stall import StallWatch
 
         watch = StallWatch(self.stall_s, lambda: self._stats.output_tokens)
         watch.begin_step()  # a step that never returns
@@ -197,9 +215,10 @@ class FakeEngine:
         error = self._fail_when(ids) if self._fail_when else None
         if error:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
+        sampling = request.sampling or sampling
         cached = self._cache(ids)
-        text, finish = self._answer(ids, sampling)
-        out = max(1, min(sampling.max_tokens, len(text.split())))
+        choices = tuple(self._choice(ids, sampling, i) for i in range(sampling.n))
+        out = sum(c.output_tokens for c in choices)
         s = self._stats
         s.prompt_tokens += len(ids)
         s.prompt_tokens_cached += cached
@@ -208,7 +227,28 @@ class FakeEngine:
         s.prefix_cache_hits += cached
         s.prefill_seconds += len(ids) * 1e-6
         s.decode_seconds += out * 1e-5
-        return EngineResult(request.key, text, finish, len(ids), out, cached)
+        first = choices[0]
+        return EngineResult(
+            request.key, first.text, first.finish_reason, len(ids), out, cached, choices=choices
+        )
+
+    def _choice(self, ids: list[int], sampling: Sampling, index: int) -> Choice:
+        """Answer ``index`` of a prompt: cut at the first stop string it holds (as vLLM's
+        ``stop``), with made-up logprobs when asked. Choices differ only when sampled."""
+        seed = _digest(ids) + (index if sampling.temperature > 0 else 0)
+        text, finish = self._answer(seed, sampling)
+        found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
+        stop_sequence = None
+        if found:
+            at, stop_sequence = min(found)
+            text, finish = text[:at], "stop"
+        words = text.split()
+        tokens = max(1, min(sampling.max_tokens, len(words)))
+        logprobs = None
+        if sampling.logprobs is not None:
+            pieces = [w if k == 0 else f" {w}" for k, w in enumerate(words)] or [""]
+            logprobs = tuple(_logprob(p, seed + k, sampling.logprobs) for k, p in enumerate(pieces))
+        return Choice(text, finish, tokens, stop_sequence, logprobs)
 
     def _cache(self, ids: list[int]) -> int:
         """Tokens served from cache: whole leading blocks seen before (never the last token)."""
@@ -226,13 +266,14 @@ class FakeEngine:
             self._blocks.popitem(last=False)
         return cached
 
-    def _answer(self, ids: list[int], sampling: Sampling) -> tuple[str, str]:
-        seed = _digest(ids)
+    def _answer(self, seed: int, sampling: Sampling) -> tuple[str, str]:
         constraint = sampling.constraint
         if constraint and constraint.choice:
             return constraint.choice[seed % len(constraint.choice)], "stop"
         if constraint and constraint.json_schema is not None:
             return json.dumps(example_json(constraint.json_schema, seed)), "stop"
+        if constraint and constraint.json_object:
+            return json.dumps({"answer": f"v{seed % 97}"}), "stop"
         words = [f"w{(seed >> (i % 48)) % 1000}" for i in range(sampling.max_tokens)]
         return " ".join(words), "length"
 

@@ -189,6 +189,12 @@ class PromptEncoder:
         ids = itertools.chain.from_iterable(self.encode_texts(pieces))
         return self._tok.decode(list(ids), skip_special_tokens=True) == "".join(pieces)
 
+    def raw_frame(self) -> tuple[str, str]:
+        """The frame of a raw text prompt (``prompt.chat_template: false``): nothing but
+        the BOS the tokenizer adds to plain text, as a completions API would send it."""
+        bos = self._bos()
+        return (self._tok.bos_token if bos and self.has_chat_template else ""), ""
+
     def template_frame(self, system: str | None) -> tuple[str, str]:
         """The chat template's text before and after the user message, for ``system``."""
         if system not in self._frames:

@@ -1,8 +1,9 @@
 """The vLLM adapter: offline ``vllm.LLM`` at maximum batch, FP8 KV cache, prefix caching.
 
 Prompts arrive as token ids (``TokensPrompt``), so vLLM runs exactly what was counted
-and never tokenizes twice. Guided decoding (choice or JSON schema) goes through
-``StructuredOutputsParams``. Token counts per record come from vLLM's outputs; cache
+and never tokenizes twice. Each request runs under its own sampling when it has one
+(``engines.vllm_outputs``); guided decoding (choice, JSON schema, JSON object) goes
+through ``StructuredOutputsParams``. Token counts per record come from vLLM's outputs; cache
 and phase-time counters from ``LLM.get_metrics()``.
 """
 
@@ -14,12 +15,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.engines.stall import StallWatch
+from nightshift.engines.vllm_outputs import ParamsCache, _result
 from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
 
 log = logging.getLogger(__name__)
@@ -73,57 +75,6 @@ def fp8_kv_unsupported_reason() -> str | None:
     if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
         return None
     return "vLLM's CPU backend needs AVX-512 or AMX for an FP8 KV cache; this CPU has neither"
-
-
-class StallWatch:
-    """Says when an engine is hung: for ``stall_s`` seconds spent inside its steps, no
-    request finished and no token was generated. Only time in ``step()`` counts (a
-    caller busy writing a checkpoint is not a hung engine), and ``tokens`` (vLLM's
-    generated-token counter, costly to read) is asked only once half of ``stall_s``
-    passed with no request finished. Without a token counter a returned step counts.
-    Thread-safe enough: the run loop writes, one watchdog thread reads."""
-
-    def __init__(
-        self,
-        stall_s: float | None,
-        tokens: Callable[[], int | None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.stall_s, self._tokens, self._clock = stall_s, tokens, clock
-        self.finished = 0  # requests finished, counted by the run loop
-        self.steps = 0
-        self._stepped = 0.0  # seconds spent in finished steps
-        self._step_began: float | None = None
-        self._seen: tuple[int, Any] = (0, None)  # (finished, tokens) at the last progress
-        self._progress_at = 0.0  # engine seconds at the last progress
-
-    def begin_step(self) -> None:
-        self._step_began = self._clock()
-
-    def end_step(self) -> None:
-        began, self._step_began = self._step_began, None
-        if began is not None:
-            self._stepped += self._clock() - began
-        self.steps += 1
-
-    def engine_seconds(self) -> float:
-        began = self._step_began
-        return self._stepped + (self._clock() - began if began is not None else 0.0)
-
-    def stalled(self) -> bool:
-        if self.stall_s is None:
-            return False
-        now = self.engine_seconds()
-        finished, tokens = self.finished, self._seen[1]
-        if finished == self._seen[0]:  # nothing finished since the last progress
-            if now - self._progress_at < self.stall_s / 2:
-                return False  # not yet suspicious: leave the counter alone
-            counted = self._tokens()
-            tokens = counted if counted is not None else ("steps", self.steps)
-        if (finished, tokens) != self._seen:
-            self._seen, self._progress_at = (finished, tokens), now
-            return False
-        return now - self._progress_at >= self.stall_s
 
 
 class VllmEngine:
@@ -191,8 +142,8 @@ class VllmEngine:
         """
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        engine, params = self._llm.llm_engine, _sampling_params(sampling)
-        pending, in_flight, exhausted = iter(requests), set(), False
+        engine, params = self._llm.llm_engine, ParamsCache(sampling)
+        pending, in_flight, exhausted = iter(requests), {}, False
         watch = self._watch
         self._interrupted.clear()
         try:
@@ -202,11 +153,12 @@ class VllmEngine:
                     if request is None:  # none ready yet: step what we hold, ask again
                         break
                     taken += 1  # noqa: SIM113 (a None ends the loop early)
-                    refused = self._add(engine, request, params)
+                    own = request.sampling or sampling
+                    refused = self._add(engine, request, params.get(own))
                     if refused:
                         yield refused
                     else:
-                        in_flight.add(str(request.key))
+                        in_flight[str(request.key)] = own.logprobs
                 else:
                     exhausted = exhausted or taken < room
                 if not in_flight:
@@ -221,9 +173,9 @@ class VllmEngine:
                     watch.end_step()
                 for out in outputs:
                     if out.finished:
-                        in_flight.discard(out.request_id)
+                        top = in_flight.pop(out.request_id, None)
                         watch.finished += 1
-                        yield _result(int(out.request_id), out)
+                        yield _result(int(out.request_id), out, top)
         except EngineDeadError as exc:
             if self.stalled:
                 raise EngineStalledError(
@@ -359,50 +311,3 @@ def _start_llm(args: dict[str, Any]) -> Any:
         return LLM(**args)
     except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
         raise EngineError(f"vLLM could not start: {exc}") from exc
-
-
-def _sampling_params(sampling: Sampling):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-    structured = None
-    if sampling.constraint and sampling.constraint.choice:
-        structured = StructuredOutputsParams(choice=list(sampling.constraint.choice))
-    elif sampling.constraint and sampling.constraint.json_schema is not None:
-        structured = StructuredOutputsParams(json=sampling.constraint.json_schema)
-    return SamplingParams(
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        stop=list(sampling.stop) or None,
-        structured_outputs=structured,
-        output_kind=RequestOutputKind.FINAL_ONLY,  # as LLM.generate: no per-step partials
-    )
-
-
-# vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) that are no answer: an
-# aborted request was given up before it finished; "error" is vLLM's retryable
-# request-level internal error (a KV load failure, say). None is an unfinished output.
-_UNANSWERED = {"abort", None}
-_RETRYABLE = {"error"}
-
-
-def _result(key: int, out: Any) -> EngineResult:
-    completion = out.outputs[0] if out.outputs else None
-    reason = completion.finish_reason if completion is not None else None
-    prompt_tokens = len(out.prompt_token_ids or [])
-    if reason in _UNANSWERED:
-        return EngineResult(key, finish_reason=reason, prompt_tokens=prompt_tokens, aborted=True)
-    result = EngineResult(
-        key=key,
-        text=completion.text,
-        finish_reason=reason,
-        prompt_tokens=prompt_tokens,
-        output_tokens=len(completion.token_ids),
-        cached_tokens=int(out.num_cached_tokens or 0),
-    )
-    if reason in _RETRYABLE:
-        error = f"vLLM ended the request with an internal error (finish_reason {reason!r})"
-        return replace(result, error=error, retryable=True)
-    return result

@@ -45,7 +45,7 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
     """The parts of ``spec`` (and of the model folder) that results depend on."""
     data = spec.model_dump(mode="json", by_alias=True)
     extra = {k: v for k, v in data["engine"]["extra"].items() if k not in HARMLESS_ENGINE_EXTRA}
-    return {
+    inputs = {
         "input.id_column": data["input"]["id_column"],
         "input.keep_columns": data["input"]["keep_columns"],
         "prompt": data["prompt"],
@@ -58,6 +58,9 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
         "engine.kv_cache_dtype": spec.engine.kv_cache_dtype,
         "engine.extra": extra,
     }
+    if spec.input.sampling_column is not None:  # set only where used: older prints stay
+        inputs["input.sampling_column"] = spec.input.sampling_column
+    return inputs
 
 
 def plan_stamp(spec: JobSpec) -> dict[str, Any]:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import string
 from typing import Annotated, Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     field_validator,
@@ -21,7 +18,12 @@ from pydantic import (
 )
 
 from nightshift.capacity.settings import CapacitySpec
+
+# The execution sections live in runspec; they are imported from here too.
+from nightshift.jobs.runspec import CacheSpec, CostSpec, PlanSpec, RunSpec, ScheduleSpec
+from nightshift.jobs.runspec import ProviderPrice as ProviderPrice
 from nightshift.jobs.secrets import refuse_secrets
+from nightshift.jobs.section import Section as _Section
 
 # Columns nightshift writes itself into results and failed rows; a kept input column may
 # not take one of these names. (rejects.parquet names its own columns around the input's:
@@ -38,25 +40,14 @@ OUTPUT_COLUMNS = frozenset(
         "error",
     }
 )
+# The results column a job with input.sampling_column adds (see running.results).
+DETAIL_COLUMN = "detail"
 
 
-# Past this, a count or size is a typo, and engines and Arrow overflow on it (2**63).
-MAX_INT = 2**31 - 1
-
-
-class _Section(BaseModel):
-    # strict: "8" is not 8; forbid: a misspelt key is an error, not silently ignored;
-    # no inf or nan: no setting means anything at infinity (an infinite lease never ends).
-    model_config = ConfigDict(
-        extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False
-    )
-
-    @field_validator("*")
-    @classmethod
-    def _int_in_range(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise ValueError(f"{value} is out of range (at most {MAX_INT:,})")
-        return value
+def _without_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less the keys that hold their default, so a new key's default leaves the
+    dump, and so the fingerprint of every spec that does not set it, as it was."""
+    return {k: v for k, v in data.items() if k not in defaults or v != defaults[k]}
 
 
 class InputSpec(_Section):
@@ -93,6 +84,33 @@ class InputSpec(_Section):
             )
         return list(dict.fromkeys(columns))
 
+    sampling_column: str | None = Field(
+        default=None,
+        description="Column of JSON strings, one per record, each overriding the sampling "
+        "section for that record: max_tokens, temperature, top_p, seed, stop, n, "
+        "json_schema or json_object (guided decoding), logprobs and top_logprobs. A key "
+        "left out or null keeps the job's value. A value that does not parse or is out of "
+        "range rejects its record (bad_sampling). Results then gain a detail column (JSON: "
+        "every choice, its finish and stop sequence, tokens and logprobs).",
+    )
+
+    @model_validator(mode="after")
+    def _detail_does_not_clash(self) -> InputSpec:
+        if self.sampling_column is not None and DETAIL_COLUMN in {
+            self.id_column,
+            *self.keep_columns,
+        }:
+            raise ValueError(
+                f"with sampling_column, results have a {DETAIL_COLUMN} column; rename the "
+                "input column of that name or leave it out"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Unset, the key is left out: an older job's input (and fingerprint) reads as before.
+        return _without_defaults(handler(self), {"sampling_column": None})
+
 
 class PromptSpec(_Section):
     system: str | None = Field(
@@ -114,6 +132,13 @@ class PromptSpec(_Section):
         description="Column holding each record's conversation: a list of {role, content} "
         "turns (roles system, user, assistant), rendered with the model's chat template and "
         "the generation prompt appended. Give this or template, not both.",
+    )
+
+    chat_template: bool = Field(
+        default=True,
+        description="false: prompt.template is sent as raw text with no chat frame (the "
+        "tokenizer's BOS only), as an OpenAI /v1/completions prompt; for base models, or "
+        "prompts already in the model's format. Not with prompt.system or messages_column.",
     )
 
     @field_validator("template")
@@ -146,17 +171,20 @@ class PromptSpec(_Section):
                 "needs prompt.template (a user message with {column} placeholders) or "
                 "prompt.messages_column (a column of {role, content} conversations)"
             )
+        if not self.chat_template and (self.system is not None or self.messages_column):
+            raise ValueError(
+                "prompt.chat_template false sends prompt.template as raw text, with no chat "
+                "frame for prompt.system or a conversation; put the system text into the "
+                "template, or leave chat_template at true"
+            )
         return self
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # An unset source key is left out, so a template job's prompt (and so its
-        # fingerprint) reads as it did before messages_column existed.
-        data = handler(self)
-        for key in ("template", "messages_column"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
+        # fingerprint) reads as it did before messages_column and chat_template existed.
+        defaults = {"template": None, "messages_column": None, "chat_template": True}
+        return _without_defaults(handler(self), defaults)
 
     def columns(self) -> list[str]:
         """The input columns the prompt is made from, in order of first use."""
@@ -334,148 +362,6 @@ class SamplingSpec(_Section):
 
 class OutputSpec(_Section):
     path: str = Field(description="Output directory for results, rejects and the report.")
-
-
-class PlanSpec(_Section):
-    shard_records: int = Field(
-        default=100_000,
-        gt=0,
-        description="Most records in one shard. A shard is the unit that is committed, "
-        "retried and (later) spread over workers; records sharing a prefix stay together.",
-    )
-    shard_tokens: int = Field(
-        default=50_000_000,
-        gt=0,
-        description="Most prompt tokens in one shard, so shards of long prompts stay short.",
-    )
-
-
-class RunSpec(_Section):
-    chunk_records: int = Field(
-        default=4096,
-        gt=0,
-        description="A shard checkpoints its answers every this many records, so a crash "
-        "loses at most one chunk. The engine is fed continuously either way.",
-    )
-    chunk_seconds: float = Field(
-        default=300.0,
-        gt=0,
-        description="A shard also checkpoints when this long has passed since its last "
-        "checkpoint, so a slow job loses at most this much work.",
-    )
-    shard_attempts: int = Field(
-        default=3,
-        gt=0,
-        description="Attempts per shard when the engine dies under it (each on a fresh "
-        "engine, continuing from its checkpoints) before the shard is reported failed.",
-    )
-    engine: Literal["vllm", "fake"] = Field(
-        default="vllm",
-        description="vllm runs the model; fake is a fast deterministic stand-in for tests.",
-    )
-    incremental: bool = Field(
-        default=True,
-        description="A rerun into the same output also plans the input's records whose id "
-        "no earlier run planned, so a nightly job generates only new records. false: a "
-        "rerun only resumes. To regenerate everything, run with --overwrite or --new-run.",
-    )
-    lease_s: float = Field(
-        default=120.0,
-        gt=0,
-        description="With several workers, a worker's claim on a shard lasts this long "
-        "unless renewed (every quarter of it); a worker that dies gives its shard up to "
-        "the others after at most this long. Keep it well above the workers' clock skew.",
-    )
-    retry_delay_s: list[Annotated[float, Field(ge=0)]] = Field(
-        default=[10.0, 60.0],
-        min_length=1,
-        description="Seconds Prefect waits before retrying a failed shard task, one per "
-        "retry (the last repeats); retries = run.shard_attempts - 1.",
-    )
-    stall_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="The engine is hung when, with requests in flight, it generates no "
-        "token and finishes no request for this long: it is killed with its processes and "
-        "its shards continue on a fresh engine (an attempt). A healthy engine generates "
-        "tokens every step (well under a second); keep it far above your slowest step.",
-    )
-    stop_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="After SIGTERM, Ctrl-C or a Prefect cancellation the run stops "
-        "gracefully (checkpoints what it holds, writes the report, exits with code 3); "
-        "past this many seconds it exits at once. Keep it under your platform's notice.",
-    )
-
-
-class ScheduleSpec(_Section):
-    cron: str = Field(
-        description="When the job runs, as a five-field cron expression, e.g. '0 2 * * *' "
-        "for 02:00 every night. Served by `nightshift schedule serve` or `deploy`."
-    )
-    timezone: str = Field(
-        default="UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin."
-    )
-
-    @field_validator("cron")
-    @classmethod
-    def _five_fields(cls, value: str) -> str:
-        if len(value.split()) != 5:
-            raise ValueError(
-                f"{value!r} is not a five-field cron expression (minute hour day month "
-                "weekday), e.g. '0 2 * * *'"
-            )
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or UTC"
-            ) from None
-        return value
-
-
-class ProviderPrice(_Section):
-    """One row of ``cost.compare``: a provider's batch price, USD per million tokens."""
-
-    provider: str = Field(min_length=1, description="Who sells it, e.g. openai.")
-    model: str = Field(min_length=1, description="The model the price is for.")
-    input: float = Field(ge=0, description="USD per million input tokens, batch tier.")
-    cached_input: float | None = Field(
-        default=None, ge=0, description="USD per million cached input tokens; unset: as input."
-    )
-    output: float = Field(ge=0, description="USD per million output tokens, batch tier.")
-    source: str = Field(default="cost.compare", description="Where the price comes from.")
-
-
-class CacheSpec(_Section):
-    path: str | None = Field(
-        default=None,
-        description="A response cache shared by jobs (a local directory or s3://...): an "
-        "answer is looked up there before its request is sent, and every new one is stored.",
-    )
-
-
-class CostSpec(_Section):
-    gpu: str = Field(default="h100", description="Accelerator name, shown in the report.")
-    gpus: int = Field(default=1, gt=0, description="Accelerators the job holds while it runs.")
-    usd_per_gpu_hour: float = Field(default=0.0, ge=0, description="Price of one GPU hour.")
-    expected_tokens_per_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="Throughput (prompt + output tokens/s) used by `jobs plan` to project "
-        "cost before any run; without it the plan uses the last run's measured figure.",
-    )
-    compare: list[ProviderPrice] | None = Field(
-        default=None,
-        description="Provider batch prices the report compares the self-hosted cost with; "
-        "unset: the published prices nightshift ships (see reports.compare), [] for none.",
-    )
 
 
 class JobSpec(_Section):

@@ -27,7 +27,7 @@ def run_job(
     began, engines = time.perf_counter(), EnginePool(spec, engine)
     try:
         if engine is None:
-            if work_may_be_left(spec, overwrite, new_run):
+            if spec.run.overlap_startup and work_may_be_left(spec, overwrite, new_run):
                 engines.start_early()  # start-up (and importing vLLM) overlaps planning
             check_engine_spec(spec)
         job = start_run(

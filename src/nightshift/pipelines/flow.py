@@ -139,7 +139,8 @@ def job_flow(
         stop.on_kill(engines.kill)
         try:
             with ExitStack() as gpu:
-                early = workers == 1 and work_may_be_left(spec, overwrite, new_run)
+                early = workers == 1 and spec.run.overlap_startup
+                early = early and work_may_be_left(spec, overwrite, new_run)
                 if early and try_gpu_slot(gpu, spec):
                     engines.start_early()  # its start-up runs while the plan is built
                 else:

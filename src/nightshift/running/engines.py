@@ -4,9 +4,10 @@ across shards, rebuilt after a crash. The only place that maps the spec to an en
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,104 @@ ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _
 
 
 def build_engine(spec: JobSpec) -> Engine:
+    if _warm is not None:
+        return _warm.lend(spec)
     return ENGINES[spec.run.engine](spec)
+
+
+class WarmEngines:
+    """One engine kept up between runs in this process (``nightshift batch serve`` runs
+    batch after batch): a run whose spec asks for the same engine borrows it instead of
+    starting one. A run that ends normally hands it back; one that discards, interrupts
+    or kills it (a crash, a stop) closes it, so a later run never gets a broken engine."""
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def lend(self, spec: JobSpec) -> Engine:
+        key = _engine_key(spec)
+        with self._lock:
+            engine, self._engine = (self._engine, None) if self._key == key else (None, None)
+            if engine is None:
+                self.close()
+                engine = ENGINES[spec.run.engine](spec)
+            self._key = key
+            return _Lent(engine, self)
+
+    def give_back(self, engine: Engine) -> None:
+        with self._lock:
+            if self._engine is not None:  # a second run borrowed meanwhile: keep one
+                engine.close()
+            else:
+                self._engine = engine
+
+    def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.close()
+
+
+@contextlib.contextmanager
+def warm_engines() -> Iterator[WarmEngines]:
+    """Within the block, runs of this process share a warm engine (``WarmEngines``)."""
+    global _warm
+    _warm = WarmEngines()
+    try:
+        yield _warm
+    finally:
+        warm, _warm = _warm, None
+        warm.close()
+
+
+_warm: WarmEngines | None = None
+
+
+def _engine_key(spec: JobSpec) -> str:
+    """Two specs share an engine when they would start the very same one."""
+    e = spec.engine
+    return json.dumps(
+        [spec.run.engine, engine_arguments(spec), e.cpu_kv_cache_gib, spec.run.stall_s],
+        sort_keys=True,
+        default=str,
+    )
+
+
+class _Lent:
+    """A borrowed engine: ``stats`` count from the loan, ``close`` hands it back."""
+
+    def __init__(self, engine: Engine, owner: WarmEngines) -> None:
+        self._engine, self._owner, self._broken = engine, owner, False
+        self.info = engine.info
+        self._base = engine.stats()
+
+    def run(self, requests, sampling):
+        return self._engine.run(requests, sampling)
+
+    def stats(self) -> EngineStats:
+        return _delta(self._engine.stats(), self._base)
+
+    def discard(self) -> None:
+        self._broken = True
+
+    def interrupt(self) -> None:
+        self._broken = True
+        getattr(self._engine, "interrupt", lambda: None)()
+
+    def kill(self) -> None:
+        self._broken = True
+        getattr(self._engine, "kill", lambda: None)()
+
+    def close(self) -> None:
+        if self._broken:
+            self._engine.close()
+        else:
+            self._owner.give_back(self._engine)
+
+    def __getattr__(self, name: str) -> Any:  # engine-specific extras (``_llm``...)
+        return getattr(self._engine, name)
 
 
 class EngineStart:
@@ -148,6 +246,7 @@ class EnginePool:
         self.starts += 1
 
     def discard(self, engine: Engine) -> None:
+        getattr(engine, "discard", lambda: None)()  # a lent engine is not handed back
         self.close()
 
     def interrupt(self) -> None:

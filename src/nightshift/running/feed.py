@@ -1,8 +1,9 @@
 """The plan's records as engine requests, in run order.
 
 Records are read from the plan's shard files, rendered and encoded exactly as the plan
-measured them, and handed to the engine lazily; each record's shard, id and kept columns
-wait here until its result comes back. Requests are keyed by a counter of the run, never
+measured them (each with its own sampling, from ``input.sampling_column``), and handed
+to the engine lazily; each record's shard, id and kept columns wait here until its
+result comes back. Requests are keyed by a counter of the run, never
 by a plan column: plan positions start again at 0 in every increment, so an old shard
 and a new increment's shard in one feed would share keys (DESIGN invariant 8).
 """
@@ -19,9 +20,10 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from nightshift.engines.base import EngineRequest
+from nightshift.engines.base import EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.planstore import PlanStore
+from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
 from nightshift.scheduling.render import renderer_for, rows
@@ -54,6 +56,7 @@ class Pending:
     kept: dict[str, Any]
     token_ids: Sequence[int]
     tries: int = 1
+    sampling: Sampling | None = None  # its own (input.sampling_column); None: the run's
 
 
 class RequestFeed:
@@ -73,6 +76,7 @@ class RequestFeed:
         self.renderer = renderer_for(spec, encoder)  # the plan's very rendering
         self.store, self.encoder = store, encoder
         self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
+        self.sampling = sampling_column(spec)  # per-record sampling, or None
         self.in_flight: dict[int, Pending] = {}
         self._keys = keys if keys is not None else itertools.count()
         self._again: deque[EngineRequest] = deque()
@@ -166,13 +170,21 @@ class RequestFeed:
         token_ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
         kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()
+        samplings = self._samplings(records)
         requests = []
-        for record_id, row, tokens in zip(ids, kept, token_ids, strict=True):
+        for record_id, row, tokens, sampling in zip(ids, kept, token_ids, samplings, strict=True):
             key = next(self._keys)
-            self.in_flight[key] = Pending(shard, record_id, row, tokens)
+            self.in_flight[key] = Pending(shard, record_id, row, tokens, sampling=sampling)
             self._pending[shard] += 1
-            requests.append(EngineRequest(key, tokens))
+            requests.append(EngineRequest(key, tokens, sampling))
         return requests
+
+    def _samplings(self, records: pl.DataFrame) -> list[Sampling | None]:
+        """Each record's own merged sampling (None each without a sampling column). The
+        plan rejected every value that does not parse, so each one here does."""
+        if self.sampling is None:
+            return [None] * records.height
+        return [self.sampling.sampling(v) for v in records[self.sampling.column].to_list()]
 
     def answered(self, key: int) -> Pending:
         """The record whose result has come back under ``key``."""
@@ -190,5 +202,5 @@ class RequestFeed:
         pending.tries += 1
         again = next(self._keys)
         self.in_flight[again] = pending
-        self._again.append(EngineRequest(again, pending.token_ids))
+        self._again.append(EngineRequest(again, pending.token_ids, pending.sampling))
         return True

@@ -6,12 +6,15 @@ part file of a run has the same schema and the parts read as one dataset.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import pyarrow as pa
 
-from nightshift.engines.base import EngineResult
+from nightshift.engines.base import EngineResult, TokenLogprob
 from nightshift.errors import RecordError
+from nightshift.jobs.spec import DETAIL_COLUMN
 from nightshift.jobs.tasks import TaskHandler
 
 _COUNTS = [
@@ -25,13 +28,22 @@ _COUNTS = [
 class ResultTables:
     """Schemas and row builders for results, failures and rejects of one job."""
 
-    def __init__(self, input_schema: pa.Schema, id_column: str, keep: list[str], task: TaskHandler):
-        self.task = task
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        id_column: str,
+        keep: list[str],
+        task: TaskHandler,
+        detail: bool = False,
+    ):
+        self.task, self.detail = task, detail
         keep = [c for c in keep if c != id_column]  # the id is always the first column
         head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
         task_fields = [pa.field(name, kind) for name, kind in task.columns.items()]
         # dedup: the id of the record whose answer this row repeats, null when its own
         counts = _COUNTS + [pa.field("answered_from", input_schema.field(id_column).type)]
+        if detail:  # input.sampling_column: every choice, as JSON (see ``detail_json``)
+            counts.append(pa.field(DETAIL_COLUMN, pa.string()))
         self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + counts)
         self.failed = pa.schema(
             head + [pa.field("error", pa.string()), pa.field("text", pa.string())] + counts
@@ -53,6 +65,8 @@ class ResultTables:
             "output_tokens": result.output_tokens,
             "cached_tokens": result.cached_tokens,
         }
+        if self.detail:
+            row[DETAIL_COLUMN] = detail_json(result) if not result.error else None
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
@@ -69,3 +83,28 @@ class ResultTables:
     def rejects_table(self, rejects: pa.Table) -> pa.Table:
         """The plan's rejects (input columns, reason, reject_kind) in this job's schema."""
         return rejects.select(self.rejects.names).cast(self.rejects)
+
+
+def detail_json(result: EngineResult) -> str:
+    """Every choice of ``result`` as the ``detail`` column's JSON: ``{"choices": [{text,
+    finish_reason, stop_sequence, output_tokens, logprobs}]}``, choice 0 the row's own."""
+    choices = [
+        {
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "stop_sequence": c.stop_sequence,
+            "output_tokens": c.output_tokens,
+            "logprobs": None if c.logprobs is None else [_logprob(t) for t in c.logprobs],
+        }
+        for c in result.all_choices()
+    ]
+    return json.dumps({"choices": choices}, ensure_ascii=False, separators=(",", ":"))
+
+
+def _logprob(token: TokenLogprob, top: bool = True) -> dict[str, Any]:
+    # JSON has no -inf (a token the sampler ruled out): -9999.0, as OpenAI writes it
+    logprob = token.logprob if math.isfinite(token.logprob) else -9999.0
+    entry = {"token": token.token, "logprob": logprob, "bytes": list(token.bytes)}
+    if top:
+        entry["top_logprobs"] = [_logprob(t, top=False) for t in token.top_logprobs]
+    return entry

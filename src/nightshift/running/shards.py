@@ -111,7 +111,11 @@ class ShardRunner:
         self.lost: set[int] = set()  # shards given up here because their lease was lost
         self.task = handler_for(spec.task)
         self.tables = ResultTables(
-            input_schema(manifest), spec.input.id_column, spec.input.keep_columns, self.task
+            input_schema(manifest),
+            spec.input.id_column,
+            spec.input.keep_columns,
+            self.task,
+            detail=spec.input.sampling_column is not None,
         )
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
         self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
@@ -287,7 +291,7 @@ class ShardRunner:
         cached = self.cache is not None and self.cache.from_cache(result.key)
         self.totals.count(not_sent(row) if cached else row, ok)
         if self.cache is not None:
-            self.cache.store(pending.token_ids, result)
+            self.cache.store(pending.token_ids, result, pending.sampling)
         id_column = self.spec.input.id_column
         for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
             (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk

@@ -5,12 +5,16 @@ from __future__ import annotations
 import polars as pl
 
 
-def over_length_reason(prompt_tokens: int, max_tokens: int, max_model_len: int) -> str | None:
-    """Why a prompt cannot run, or None when prompt plus answer fit the context."""
+def over_length_reason(
+    prompt_tokens: int, max_tokens: int, max_model_len: int, whose: str | None = None
+) -> str | None:
+    """Why a prompt cannot run, or None when prompt plus answer fit the context;
+    ``whose`` names where the answer budget came from (a record's own max_tokens)."""
     if prompt_tokens + max_tokens <= max_model_len:
         return None
+    budget = f"{max_tokens} answer tokens" + (f" ({whose})" if whose else "")
     return (
-        f"prompt is {prompt_tokens} tokens; with {max_tokens} answer tokens it exceeds "
+        f"prompt is {prompt_tokens} tokens; with {budget} it exceeds "
         f"model.max_model_len {max_model_len}"
     )
 

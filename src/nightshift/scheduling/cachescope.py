@@ -31,8 +31,20 @@ def cache_scope(fingerprint_inputs: dict[str, Any], sampling: Sampling) -> dict[
     are the rendered prompt, and rows are parsed from the cached text by each job's task."""
     return {
         **{k: fingerprint_inputs.get(k) for k in SCOPE_KEYS},
-        "sampling": dataclasses.asdict(sampling),
+        "sampling": _sampling_dump(sampling),
     }
+
+
+def _sampling_dump(sampling: Sampling) -> dict[str, Any]:
+    """The sampling, less the settings added for per-record sampling where they hold
+    their default: a job's scope, and the answers cached under it, stay as they were."""
+    data = dataclasses.asdict(sampling)
+    for key, default in (("n", 1), ("logprobs", None)):
+        if data[key] == default:
+            del data[key]
+    if data["constraint"] is not None and not data["constraint"]["json_object"]:
+        del data["constraint"]["json_object"]
+    return data
 
 
 def sampled_output(spec: JobSpec) -> tuple[float, str] | None:

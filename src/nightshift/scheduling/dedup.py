@@ -8,7 +8,9 @@ the sampling and the guided-decoding constraint are the job's own, the same for 
 record. Equal keys are exact repeats (a SHA-256 collision aside), never near ones.
 
 Repeats are only merged when the answer is meant to be deterministic: temperature 0, or a
-fixed seed. With temperature above 0 and no seed each record is its own sample.
+fixed seed. With temperature above 0 and no seed each record is its own sample. With
+``input.sampling_column`` the record's own merged sampling joins the key (two records that
+differ only in it are two requests), and decides for that record whether it may merge.
 
 The first record of a key in input order is its original; the others are its copies. The
 plan orders and cuts shards over the originals only (the engine's work), then places each
@@ -21,6 +23,8 @@ import hashlib
 
 import polars as pl
 
+from nightshift.errors import RecordError
+from nightshift.jobs.sampling import SamplingColumn, deterministic, sampling_key
 from nightshift.jobs.spec import JobSpec
 from nightshift.scheduling.render import Renderer
 
@@ -29,19 +33,44 @@ ANSWERED_FROM = "answered_from"
 
 
 def dedup_applies(spec: JobSpec) -> bool:
-    """Whether repeats are answered once: the answer is deterministic."""
+    """Whether repeats may be answered once: the answer is deterministic. With
+    ``input.sampling_column`` each record's own sampling decides (``prompt_digests``)."""
+    if spec.input.sampling_column is not None:
+        return True
     return spec.sampling.temperature == 0 or spec.sampling.seed is not None
 
 
-def prompt_digests(renderer: Renderer, records: pl.DataFrame) -> pl.Series:
+def prompt_digests(
+    renderer: Renderer, records: pl.DataFrame, sampling: SamplingColumn | None = None
+) -> pl.Series:
     """The exact-repeat key of every record: a digest of its prompt pieces, the very text
-    the plan measures and the run encodes (null for a record that cannot run)."""
+    the plan measures and the run encodes, and with ``sampling`` its own merged sampling
+    (null for a record that cannot run or whose own sampling is not deterministic)."""
     bad = renderer.problems(records)["reject_kind"].is_not_null()
+    own = _own_sampling(records, sampling)
+    bad = bad | own.is_null() if own is not None else bad
     if bad.all():
         return pl.Series(DIGEST, [None] * records.height, dtype=pl.Binary)
     pieces = [p.to_list() for p in renderer.pieces(records.filter(~bad))]
+    if own is not None:  # the same prompt under other settings is another request
+        pieces.append(own.filter(~bad).to_list())
     digests = iter([_digest(parts) for parts in zip(*pieces, strict=True)])
     return pl.Series(DIGEST, [None if b else next(digests) for b in bad.to_list()], dtype=pl.Binary)
+
+
+def _own_sampling(records: pl.DataFrame, sampling: SamplingColumn | None) -> pl.Series | None:
+    """Each record's merged sampling as canonical JSON; null where it is bad (the plan
+    rejects it) or not deterministic (each such record is its own sample)."""
+    if sampling is None:
+        return None
+    keys = []
+    for value in records[sampling.column].to_list():
+        try:
+            merged = sampling.sampling(value)
+        except RecordError:
+            merged = None
+        keys.append(sampling_key(merged) if merged and deterministic(merged) else None)
+    return pl.Series(keys, dtype=pl.String)
 
 
 def _digest(parts: tuple[str, ...]) -> bytes:
@@ -111,8 +140,12 @@ def distinct_records(records: pl.DataFrame) -> pl.DataFrame:
 
 
 def with_digests(
-    keys: pl.DataFrame, renderer: Renderer, records: pl.DataFrame, where: pl.DataFrame
+    keys: pl.DataFrame,
+    renderer: Renderer,
+    records: pl.DataFrame,
+    where: pl.DataFrame,
+    sampling: SamplingColumn | None = None,
 ) -> pl.DataFrame:
     """``keys`` (one input batch's plan keys) with each record's exact-repeat key."""
-    digests = where.with_columns(prompt_digests(renderer, records))
+    digests = where.with_columns(prompt_digests(renderer, records, sampling))
     return keys.join(digests, on=["_file", "_row"], how="left")

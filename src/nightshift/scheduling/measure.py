@@ -12,6 +12,9 @@ Tokens are counted exactly where it matters and cheaply elsewhere: the chat fram
 pieces once each; each distinct leading record text (a document, a few-shot turn) once,
 however many records repeat it; the record's last text is estimated from its bytes
 unless the record could come near the context limit, where it is counted exactly.
+
+With ``input.sampling_column`` each record's value is checked here (a bad one rejects
+the record, ``bad_sampling``) and its own max_tokens is its answer budget.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import polars as pl
 
 from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import RecordError
+from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 from nightshift.scheduling.budget import TailEstimate, over_length_reason
@@ -36,6 +41,7 @@ class RecordMeasurer:
         self.encoder = encoder
         self.id_column = spec.input.id_column
         self.answer = answer_budget(spec)
+        self.sampling = sampling_column(spec)  # per-record sampling, or None
         self.limit = spec.model.max_model_len
         self.chunk = chunk_bytes(block_size)
         self.tail: TailEstimate | None = None
@@ -56,7 +62,7 @@ class RecordMeasurer:
         """Key rows for the input records ``batch``; ``where`` holds their ``_file`` and
         ``_row``, row for row. The two stay apart so no input column name can meet a key's."""
         no_id = batch[self.id_column].is_null()
-        problems = self.renderer.problems(batch)
+        problems, answers = self._sampling_problems(batch, self.renderer.problems(batch))
         verdict = problems.with_columns(
             pl.when(no_id).then(pl.lit("null_id")).otherwise("reject_kind").alias("reject_kind"),
             pl.when(no_id)
@@ -65,10 +71,35 @@ class RecordMeasurer:
             .alias("reason"),
         )
         held = verdict["reject_kind"].is_not_null()
-        keys = self._keys(batch.filter(~held), where.filter(~held)) if not held.all() else None
+        runnable = where.with_columns(answers.alias("_answer")).filter(~held)
+        keys = self._keys(batch.filter(~held), runnable) if not held.all() else None
         set_aside = where.with_columns(batch[self.id_column].alias("record_id"), *verdict)
         set_aside = set_aside.filter(held)
         return pl.concat([k for k in (keys, set_aside) if k is not None], how="diagonal_relaxed")
+
+    def _sampling_problems(
+        self, batch: pl.DataFrame, problems: pl.DataFrame
+    ) -> tuple[pl.DataFrame, pl.Series]:
+        """``problems`` with each bad ``input.sampling_column`` value's reject, and each
+        record's answer budget: its own max_tokens, else the job's."""
+        if self.sampling is None:
+            return problems, pl.Series([self.answer] * batch.height, dtype=pl.Int64)
+        answers, own = [], []
+        for value in batch[self.sampling.column].to_list():
+            try:
+                answers.append(self.sampling.sampling(value).max_tokens)
+                own.append((None, None))
+            except RecordError as exc:
+                answers.append(self.answer)
+                own.append((exc.kind, str(exc)))
+        # a prompt's own problem (a null field, say) is named first
+        first = zip(problems["reject_kind"].to_list(), problems["reason"].to_list(), strict=True)
+        verdicts = [(k, r) if k else o for (k, r), o in zip(first, own, strict=True)]
+        problems = pl.DataFrame(
+            {"reject_kind": [k for k, _ in verdicts], "reason": [r for _, r in verdicts]},
+            schema={"reject_kind": pl.String, "reason": pl.String},
+        )
+        return problems, pl.Series(answers, dtype=pl.Int64)
 
     def pieces(self, records: pl.DataFrame) -> list[pl.Series]:
         """The pieces of records that can run (``scheduling.render``)."""
@@ -123,7 +154,7 @@ class RecordMeasurer:
         if self.tail is None:
             self.tail, counted = self._calibrate(keys, pieces)
         fixed, tail_bytes = pl.col("_before") + pl.col("_after"), pl.col("_tail_bytes")
-        upper = fixed + self.tail.upper(tail_bytes) + self.answer
+        upper = fixed + self.tail.upper(tail_bytes) + pl.col("_answer")
         near = (upper > self.limit) | pl.lit(not self.tail.bound_holds)
         keys = keys.with_columns(
             (fixed + self.tail.estimate(tail_bytes)).alias("tokens"), near.alias("exact")
@@ -176,15 +207,22 @@ class RecordMeasurer:
         return [len(ids) for ids in self.encoder.encode_pieces(rows(pieces))]
 
     def _over_length(self, keys: pl.DataFrame) -> pl.DataFrame:
-        """Mark exactly measured records whose prompt and answer exceed the context."""
-        over = ((keys["tokens"] + self.answer) > self.limit) & keys["exact"]
+        """Mark exactly measured records whose prompt and answer (the record's own
+        max_tokens, with ``input.sampling_column``) exceed the context."""
+        over = ((keys["tokens"] + keys["_answer"]) > self.limit) & keys["exact"]
         at = over.arg_true()
         kind = pl.Series("reject_kind", [None] * keys.height, dtype=pl.String)
         reason = pl.Series("reason", [None] * keys.height, dtype=pl.String)
         if at.len():
             tokens = keys["tokens"].gather(at).to_list()
+            answers = keys["_answer"].gather(at).to_list()
+            own = "its own max_tokens" if self.sampling is not None else None
             kind = kind.scatter(at, "over_length")
             reason = reason.scatter(
-                at, [over_length_reason(t, self.answer, self.limit) for t in tokens]
+                at,
+                [
+                    over_length_reason(t, a, self.limit, own)
+                    for t, a in zip(tokens, answers, strict=True)
+                ],
             )
-        return keys.with_columns(kind, reason)
+        return keys.with_columns(kind, reason).drop("_answer")

@@ -88,6 +88,8 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
         needed.setdefault(col, "input.keep_columns")
     for col in spec.template_columns():
         needed.setdefault(col, spec.prompt.source_key())
+    if spec.input.sampling_column is not None:
+        needed.setdefault(spec.input.sampling_column, "input.sampling_column")
     return needed
 
 
@@ -105,7 +107,20 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
     check_column_types(dataset.schema, needed)
     if spec.prompt.messages_column is not None:
         check_messages_type(dataset, spec.prompt.messages_column)
+    if spec.input.sampling_column is not None:
+        check_sampling_type(dataset, spec.input.sampling_column)
     return dataset, list(needed)
+
+
+def check_sampling_type(dataset: ds.FileSystemDataset, column: str) -> None:
+    """The sampling column must hold text: one JSON object per record (or all null)."""
+    kind = dataset.schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise SpecError(
+            "input.sampling_column",
+            f"column {column!r} is {kind}, not text",
+            "give a column of JSON strings such as '{\"max_tokens\": 64}', one per record",
+        )
 
 
 def check_messages_type(dataset: ds.FileSystemDataset, column: str) -> None:
@@ -205,7 +220,7 @@ def _measure_input(
             if frame.height:
                 part = measurer.measure(frame, where)
                 if digests:  # dedup: each record's exact-repeat key
-                    part = with_digests(part, measurer.renderer, frame, where)
+                    part = with_digests(part, measurer.renderer, frame, where, measurer.sampling)
                 parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)

@@ -5,9 +5,9 @@ A prompt is a row of pieces ``[t0, x1, t1, ..., xn, tn]`` (see
 places the record's text. Both prompt shapes become rows of one width per batch, one
 polars column per place, so the plan can measure millions of them column by column:
 
-* ``prompt.template``: the chat frame around the user message, the template's head, and
-  one record text per field (its value and the literal after it), with an empty frame
-  piece between fields;
+* ``prompt.template``: the chat frame around the user message (none but BOS with
+  ``prompt.chat_template: false``), the template's head, and one record text per field
+  (its value and the literal after it), with an empty frame piece between fields;
 * ``prompt.messages_column``: the chat template's text around each turn's content. A
   shorter conversation is padded with empty pieces after its first frame piece, so every
   row's last record text is its last turn.
@@ -43,7 +43,10 @@ class TemplateRenderer:
     def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
         self.template = PromptTemplate(spec.prompt.template or "", spec.prompt.system)
         self.columns = self.template.columns
-        self.before, self.after = encoder.template_frame(spec.prompt.system)
+        if spec.prompt.chat_template:
+            self.before, self.after = encoder.template_frame(spec.prompt.system)
+        else:  # raw text: no chat frame around the template
+            self.before, self.after = encoder.raw_frame()
 
     def problems(self, records: pl.DataFrame) -> pl.DataFrame:
         """Per record: ``reject_kind`` and ``reason`` (both null for a record that can run)."""

@@ -1,0 +1,210 @@
+"""The OpenAI Batch API: files, batches and models, as the ``openai`` SDK calls them.
+
+Batch objects carry every field of ``openai.types.Batch``; result files are Files of
+purpose ``batch_output``. Lists run newest first with cursor pagination (``after`` an
+id, ``limit``), as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+
+from nightshift.batch.http import ApiError
+from nightshift.batch.lifecycle import mark_cancelling, new_record
+from nightshift.batch.state import ServerState, count_lines
+from nightshift.batch.store import file_object, new_id, valid_id
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+_CHUNK = 1 << 20
+
+
+def openai_router(state: ServerState) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[state.auth])
+
+    @router.post("/files")
+    async def upload(request: Request) -> dict:
+        form = await request.form(max_files=1, max_fields=10)
+        purpose, upload = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise ApiError(400, "purpose must be 'batch'", param="purpose")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(400, "a file is required (multipart field 'file')", param="file")
+        file_id = new_id("file")
+        size = await _save_upload(state, upload, file_id)
+        meta = file_object(file_id, size, upload.filename or "upload.jsonl", "batch")
+        state.batches.put_file_meta(meta)
+        return meta
+
+    @router.get("/files/{file_id}")
+    def file_info(file_id: str) -> dict:
+        return _file(state, file_id)
+
+    @router.get("/files/{file_id}/content")
+    def file_content(file_id: str) -> Response:
+        _file(state, file_id)
+        content = state.batches.file_content(file_id)
+        return Response(content, media_type="application/jsonl")
+
+    @router.post("/batches")
+    async def create(request: Request) -> dict:
+        body = await state.json_body(request)
+        input_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+        meta = _file(state, input_id, param="input_file_id")
+        if meta["purpose"] != "batch":
+            raise ApiError(400, f"file {input_id} is not a batch input", param="input_file_id")
+        if endpoint not in ENDPOINTS:
+            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
+        if body.get("completion_window", "24h") != "24h":
+            raise ApiError(400, "completion_window must be '24h'", param="completion_window")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ApiError(400, "metadata must be an object", param="metadata")
+        total = count_lines(state.batches.file_content(input_id))
+        record = new_record(
+            "openai",
+            new_id("batch"),
+            total,
+            endpoint=endpoint,
+            input_file_id=input_id,
+            completion_window="24h",
+            metadata=metadata,
+        )
+        state.batches.put_batch(record)
+        state.queue.wake()
+        return batch_object(record, state)
+
+    @router.get("/batches/{batch_id}")
+    def retrieve(batch_id: str) -> dict:
+        return batch_object(_batch(state, batch_id), state)
+
+    @router.post("/batches/{batch_id}/cancel")
+    def cancel(batch_id: str) -> dict:
+        record = _batch(state, batch_id)
+        if record["status"] not in ("validating", "in_progress", "cancelling"):
+            raise ApiError(409, f"cannot cancel a batch that is {record['status']}")
+        record = mark_cancelling(state.batches, batch_id) or record
+        state.queue.cancel(batch_id)
+        return batch_object(record, state)
+
+    @router.get("/batches")
+    def list_batches(after: str | None = None, limit: int = 20) -> dict:
+        if not 1 <= limit <= 100:
+            raise ApiError(400, "limit must be between 1 and 100", param="limit")
+        records = list(reversed(state.batches.batches("batch")))
+        page = _after(records, after, limit)
+        data = [batch_object(r, state) for r in page]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": bool(page) and page[-1] is not records[-1],
+        }
+
+    @router.get("/models")
+    def models() -> dict:
+        now = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": now, "owned_by": "nightshift"}
+            for name in state.settings.model_names()
+        ]
+        return {"object": "list", "data": data}
+
+    return router
+
+
+def batch_object(record: dict[str, Any], state: ServerState) -> dict[str, Any]:
+    usage = record["usage"]
+    errors = record["errors"]
+    return {
+        "id": record["id"],
+        "object": "batch",
+        "endpoint": record["endpoint"],
+        "model": state.settings.model_names()[0],
+        "errors": None
+        if not errors
+        else {"object": "list", "data": [{**e, "line": None, "param": None} for e in errors]},
+        "input_file_id": record["input_file_id"],
+        "completion_window": record["completion_window"],
+        "status": record["status"],
+        "output_file_id": record["output_file_id"] if record["results"] else None,
+        "error_file_id": record["error_file_id"] if record["results"] else None,
+        **{
+            f"{t}_at": record[f"{t}_at"]
+            for t in ("created", "in_progress", "expires", "finalizing", "completed")
+        },
+        **{f"{t}_at": record[f"{t}_at"] for t in ("failed", "cancelling", "cancelled")},
+        "expired_at": None,
+        "request_counts": record["request_counts"],
+        "usage": None if usage is None else _usage(usage),
+        "metadata": record["metadata"],
+    }
+
+
+def _usage(usage: dict[str, int]) -> dict[str, Any]:
+    return {
+        "input_tokens": usage["input"],
+        "input_tokens_details": {"cached_tokens": usage["cached"]},
+        "output_tokens": usage["output"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["input"] + usage["output"],
+    }
+
+
+def _after(records: list[dict], after: str | None, limit: int) -> list[dict]:
+    if after is None:
+        return records[:limit]
+    if not valid_id("batch", after):
+        raise ApiError(400, "after must be a batch id", param="after")
+    ids = [r["id"] for r in records]
+    start = ids.index(after) + 1 if after in ids else len(ids)
+    return records[start : start + limit]
+
+
+def _file(state: ServerState, file_id: object, param: str = "file_id") -> dict:
+    meta = state.batches.file_meta(file_id) if valid_id("file", file_id) else None
+    if meta is None:
+        raise ApiError(404, f"no such file: {str(file_id)[:80]!r}", param=param)
+    return meta
+
+
+def _batch(state: ServerState, batch_id: str) -> dict:
+    record = state.batches.batch(batch_id) if valid_id("batch", batch_id) else None
+    if record is None:
+        raise ApiError(404, f"no such batch: {batch_id[:80]!r}", param="batch_id")
+    return record
+
+
+async def _save_upload(state: ServerState, upload: UploadFile, file_id: str) -> int:
+    """Copy the upload into the store; one over the byte or line limit gets 413."""
+    import tempfile
+    from pathlib import Path
+
+    limits = state.settings
+    size = lines = 0
+    last = b"\n"
+    with tempfile.NamedTemporaryFile(prefix="nightshift-upload-") as temp:
+        while chunk := await upload.read(_CHUNK):
+            size, lines = size + len(chunk), lines + chunk.count(b"\n")
+            if size > limits.max_bytes or lines > limits.max_lines:
+                raise ApiError(
+                    413,
+                    f"the file is over the limit of {limits.max_bytes} bytes "
+                    f"or {limits.max_lines} lines",
+                    param="file",
+                    code="file_too_large",
+                )
+            temp.write(chunk)
+            last = chunk
+        if lines == limits.max_lines and not last.endswith(b"\n"):
+            raise ApiError(
+                413, f"the file is over {limits.max_lines} lines", "file", "file_too_large"
+            )
+        temp.flush()
+        state.batches.store.put_file(state.batches.file_key(file_id), Path(temp.name))
+    return size

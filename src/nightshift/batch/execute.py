@@ -1,0 +1,107 @@
+"""One batch record run as a nightshift job: the server's only call into ``run_batch``.
+
+``run_batch`` (``nightshift batch run``) converts the provider file, runs it as a
+resumable Prefect flow run in the batch's work folder and writes the provider's output
+and errors files; run again on the same work folder it carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightshift.batch.store import BatchStore
+
+
+class JobStopped(Exception):
+    """The batch's job stopped before its end, and not for a cancel."""
+
+
+@dataclass
+class ServeSettings:
+    """What ``nightshift batch serve`` was started with (the key never leaves memory)."""
+
+    model: str
+    store: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = field(default=None, repr=False)
+    served_names: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    max_bytes: int = 200 * 1024 * 1024
+    max_lines: int = 50_000
+
+    def model_names(self) -> list[str]:
+        """The names a request's ``model`` may give (``/v1/models`` lists them)."""
+        return self.served_names or [self.model.rstrip("/").rsplit("/", 1)[-1]]
+
+
+def input_uri(batches: BatchStore, record: dict[str, Any]) -> str:
+    if record["provider"] == "openai":
+        return batches.file_uri(record["input_file_id"])
+    return batches.store.uri(batches.input_key(record["id"]))
+
+
+def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSettings) -> dict:
+    """Run (or resume) ``record``'s job; returns its counts and token usage."""
+    from nightshift.batch.run import run_batch
+
+    outcome = run_batch(
+        input_uri(batches, record),
+        batches.file_uri(record["output_file_id"]),
+        model=settings.model,
+        errors_url=batches.file_uri(record["error_file_id"]),
+        fmt=record["provider"],
+        served_names=settings.served_names or None,
+        overrides=list(settings.overrides),
+        work_url=batches.work_uri(record["id"]),
+        progress=False,
+    )
+    if outcome.stopped:
+        current = batches.batch(record["id"]) or record
+        if current["status"] != "cancelling":
+            raise JobStopped(record["id"])  # a shutdown: the next start resumes it
+        return write_partial(batches, record)
+    return outcome_counts(outcome)
+
+
+def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]:
+    """A cancelled batch's results: the lines its job answered (its committed shards and
+    the bad lines), none for the requests it never ran. ``run_batch`` writes results
+    only once a job is done, so this is its last step, given the answers so far."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from nightshift.batch.output import outcomes, write_outputs
+    from nightshift.batch.records import BadLine
+    from nightshift.batch.run import BAD_LINES, JOB_DIR, MARKER, RECORDS
+    from nightshift.batch.shapes import Context
+    from nightshift.io.objectstore import open_store
+
+    work = open_store(batches.work_uri(record["id"]))
+    marker = json.loads(work.get_bytes(MARKER))
+    bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
+    with tempfile.TemporaryDirectory(prefix="nightshift-cancel-") as tmp:
+        records = work.download(RECORDS, Path(tmp, "r.parquet")) if marker["records"] else None
+        ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
+        answered = (
+            item
+            for item in outcomes(records, bad, work.uri(JOB_DIR))
+            if item[3].ok or item[3].code != "not_run"
+        )
+        done = write_outputs(
+            ctx,
+            marker["format"],
+            answered,
+            batches.file_uri(record["output_file_id"]),
+            batches.file_uri(record["error_file_id"]),
+        )
+    return outcome_counts(done) | {"total": record["request_counts"]["total"]}
+
+
+def outcome_counts(outcome: Any) -> dict[str, int]:
+    """``BatchOutcome`` (or ``write_outputs``' counts) as the numbers a record keeps."""
+    names = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens")
+    counts = {name: int(getattr(outcome, name)) for name in names}
+    return {"total": int(getattr(outcome, "total", None) or outcome.lines), **counts}

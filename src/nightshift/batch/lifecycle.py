@@ -1,0 +1,134 @@
+"""A batch record's life: created (queued), run, finished; one shape for both providers.
+
+The record keeps OpenAI's statuses and timestamps (``api_anthropic`` maps them onto
+Anthropic's ``processing_status``). Result file ids are drawn when the batch is created,
+so a job resumed after a kill writes to the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from nightshift.batch.store import BatchStore, new_id, next_seq
+from nightshift.errors import ObjectNotFound
+
+DAY_S = 24 * 3600
+
+
+def new_record(provider: str, batch_id: str, total: int, **fields: Any) -> dict[str, Any]:
+    now = int(time.time())
+    return {
+        "id": batch_id,
+        "provider": provider,
+        "seq": next_seq(),
+        "status": "validating",
+        "created_at": now,
+        "expires_at": now + DAY_S,
+        "in_progress_at": None,
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": total, "completed": 0, "failed": 0},
+        "usage": None,
+        "errors": None,
+        "output_file_id": new_id("file"),
+        "error_file_id": new_id("file"),
+        "canceled_file_id": None,
+        "results": [],  # the result file ids that exist, once finished
+        **fields,
+    }
+
+
+def mark_cancelling(batches: BatchStore, batch_id: str) -> dict[str, Any] | None:
+    def change(record: dict[str, Any]) -> dict[str, Any] | None:
+        if record["status"] not in ("validating", "in_progress"):
+            return None
+        return {**record, "status": "cancelling", "cancelling_at": int(time.time())}
+
+    return batches.update_batch(batch_id, change)
+
+
+def finish(batches: BatchStore, record: dict[str, Any], counts: dict | None, how: str) -> None:
+    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why"."""
+    batch_id, now = record["id"], int(time.time())
+    if counts is not None:
+        batches.update_batch(
+            batch_id, lambda r: {**r, "status": "finalizing", "finalizing_at": now}
+        )
+    results = _result_files(batches, record)
+    canceled = _canceled_file(batches, record, results) if how == "cancelled" else None
+
+    def change(r: dict[str, Any]) -> dict[str, Any]:
+        r = {**r, "results": results + ([canceled] if canceled else [])}
+        r["canceled_file_id"] = canceled
+        r["output_file_id"] = (
+            record["output_file_id"] if record["output_file_id"] in results else None
+        )
+        r["error_file_id"] = record["error_file_id"] if record["error_file_id"] in results else None
+        if counts is not None:
+            r["request_counts"] = {
+                "total": counts["total"],
+                "completed": counts["completed"],
+                "failed": counts["failed"],
+            }
+            r["usage"] = {k: counts[f"{k}_tokens"] for k in ("input", "output", "cached")}
+        if how.startswith("failed"):
+            message = how.partition(": ")[2] or "the batch failed"
+            r.update(status="failed", failed_at=now)
+            r["errors"] = [{"code": "batch_failed", "message": message}]
+        else:
+            r.update(status=how, **{f"{how}_at": now})
+        return r
+
+    batches.update_batch(batch_id, change)
+
+
+def _result_files(batches: BatchStore, record: dict[str, Any]) -> list[str]:
+    """The result files the job wrote (empty ones count as none), registered as Files."""
+    found = []
+    for key, suffix in (("output_file_id", "output"), ("error_file_id", "errors")):
+        file_id = record[key]
+        meta = batches.register_output(file_id, "batch_output", f"{record['id']}_{suffix}.jsonl")
+        if meta is not None and meta["bytes"] > 0:
+            found.append(file_id)
+    return found
+
+
+def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str | None:
+    """Anthropic answers every request of a cancelled batch: those never run come back
+    as ``canceled`` results."""
+    if record["provider"] != "anthropic":
+        return None
+    answered = {cid for file_id in results for cid in custom_ids(batches.file_content(file_id))}
+    try:
+        asked = custom_ids(batches.store.get_bytes(batches.input_key(record["id"])))
+    except ObjectNotFound:
+        asked = []
+    lines = [
+        json.dumps({"custom_id": cid, "result": {"type": "canceled"}})
+        for cid in dict.fromkeys(asked)
+        if cid not in answered
+    ]
+    if not lines:
+        return None
+    file_id = new_id("file")
+    batches.store.put_bytes(batches.file_key(file_id), ("\n".join(lines) + "\n").encode())
+    batches.register_output(file_id, "batch_output", f"{record['id']}_canceled.jsonl")
+    return file_id
+
+
+def custom_ids(content: bytes) -> list[str]:
+    """The string ``custom_id`` of each JSON line that has one."""
+    found = []
+    for line in content.splitlines():
+        try:
+            value = json.loads(line).get("custom_id")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, str):
+            found.append(value)
+    return found

@@ -1,0 +1,232 @@
+"""OpenAI batch input lines: ``{custom_id, method, url, body}``, one endpoint per file.
+
+``/v1/chat/completions`` bodies become conversations (string content, or text parts
+joined; ``developer`` turns are system turns), ``/v1/completions`` bodies raw prompts.
+Each body's sampling becomes the record's own: ``max_tokens`` or
+``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``,
+``response_format`` (json_schema, json_object), ``logprobs``/``top_logprobs``. Anything
+nightshift cannot honour (``stream: true``, tools, images, penalties...) is a bad line
+naming the parameter, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nightshift.batch.records import BadRequest, Request, validated
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+ENDPOINTS = (CHAT, COMPLETIONS)
+# Accepted and without effect on the answer.
+IGNORED = {
+    "model",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+    "stream_options",
+}
+# Values that ask for nothing, so a key holding one is as good as absent.
+NEUTRAL: tuple[Any, ...] = (None, False, 0, 0.0, [], {}, "none", "text", ["text"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    stream: bool | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+
+class BatchLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    custom_id: str
+    method: str
+    url: str
+    body: dict[str, Any]
+
+
+class OpenAIParser:
+    """Parses lines of one file; the first valid line's ``url`` is the file's endpoint."""
+
+    format = "openai"
+
+    def __init__(self) -> None:
+        self.endpoint: str | None = None
+        self.endpoint_line: int | None = None
+
+    def custom_id(self, line: dict[str, Any]) -> Any:
+        return line.get("custom_id")
+
+    def parse(self, line: dict[str, Any], number: int) -> Request:
+        batch = validated(BatchLine, line, "")
+        if batch.method.upper() != "POST":
+            raise BadRequest(f"method {batch.method!r} is not supported; use POST", param="method")
+        if batch.url not in ENDPOINTS:
+            raise BadRequest(
+                f"url {batch.url!r} is not supported; use {CHAT} or {COMPLETIONS}",
+                "unsupported_url",
+                "url",
+            )
+        if self.endpoint is not None and batch.url != self.endpoint:
+            raise BadRequest(
+                f"url {batch.url!r} differs from this batch's endpoint {self.endpoint!r} "
+                f"(line {self.endpoint_line}); a batch file holds requests for one endpoint",
+                "mismatched_url",
+                "url",
+            )
+        request = _chat(batch.body) if batch.url == CHAT else _completion(batch.body)
+        if self.endpoint is None:
+            self.endpoint, self.endpoint_line = batch.url, number
+        return request
+
+
+def _refuse_unsupported(body: _Body) -> None:
+    if body.stream:
+        raise BadRequest(
+            "stream: true is not supported in a batch", "unsupported_parameter", "stream"
+        )
+    for key, value in (body.model_extra or {}).items():
+        if key not in IGNORED and not any(value == n and type(value) is type(n) for n in NEUTRAL):
+            raise BadRequest(
+                f"{key} is not supported by nightshift batches",
+                "unsupported_parameter",
+                key,
+            )
+
+
+def _common(body: _Body, max_tokens: int | None) -> dict[str, Any]:
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    return {
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "seed": body.seed,
+        "stop": stop or None,
+        "n": body.n,
+    }
+
+
+def _chat(data: dict[str, Any]) -> Request:
+    body: ChatBody = validated(ChatBody, data, "")
+    _refuse_unsupported(body)
+    if body.top_logprobs and not body.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    sampling = _common(body, body.max_completion_tokens or body.max_tokens)
+    sampling |= _response_format(body.response_format)
+    if body.logprobs:
+        sampling |= {"logprobs": True, "top_logprobs": body.top_logprobs or 0}
+    messages = [_turn(m, i) for i, m in enumerate(body.messages)]
+    return Request(model=body.model, sampling=sampling, messages=messages)
+
+
+def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None:
+        raise BadRequest(
+            "response_format.json_schema is required with type json_schema",
+            param="response_format.json_schema",
+        )
+    return {"json_schema": fmt.json_schema.json_schema}
+
+
+def _turn(message: ChatMessage, index: int) -> dict[str, str]:
+    where = f"messages[{index}]"
+    for key, value in (message.model_extra or {}).items():
+        if value not in (None, [], ""):
+            raise BadRequest(
+                f"{where}.{key} is not supported (no tools, audio or refusals)",
+                "unsupported_parameter",
+                f"{where}.{key}",
+            )
+    role = "system" if message.role == "developer" else message.role
+    content = message.content
+    if content is None:
+        raise BadRequest(f"{where}.content is required", param=f"{where}.content")
+    if isinstance(content, list):
+        content = "\n".join(
+            _text_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)
+        )
+    return {"role": role, "content": content}
+
+
+def _text_part(part: dict[str, Any], where: str) -> str:
+    kind = part.get("type")
+    if kind != "text" or not isinstance(part.get("text"), str):
+        raise BadRequest(
+            f"{where}: content parts of type {kind!r} are not supported (text only: no "
+            "images, audio or files)",
+            "unsupported_parameter",
+            where,
+        )
+    return part["text"]
+
+
+def _completion(data: dict[str, Any]) -> Request:
+    body: CompletionBody = validated(CompletionBody, data, "")
+    _refuse_unsupported(body)
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise BadRequest(
+                "prompt: one prompt per request (a list of several is not supported)",
+                "unsupported_parameter",
+                "prompt",
+            )
+        prompt = prompt[0]
+    sampling = _common(body, body.max_tokens)
+    if body.logprobs is not None:
+        sampling |= {"logprobs": True, "top_logprobs": body.logprobs}
+    return Request(model=body.model, sampling=sampling, prompt=prompt)

@@ -1,0 +1,85 @@
+"""Write a batch's output (and errors) file from its bad lines and its job's answers.
+
+Lines come in input order (a bad line where it stood); files are written whole to a
+temp file and put in one step (``ObjectStore.put_file``: a rename locally, one PUT on
+S3), so a reader sees the old file or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import heapq
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nightshift.batch.records import ID_COLUMN, BadLine, read_lines
+from nightshift.batch.results import NOT_RUN, Answer, Written, bad_line_answer, dumps, job_answers
+from nightshift.batch.shapes import Context, anthropic_line, openai_line
+from nightshift.io.objectstore import open_store
+
+
+def outcomes(
+    records: Path | None, bad: list[BadLine], job: str | None
+) -> Iterator[tuple[int, str | None, str | None, Answer]]:
+    """(line, custom_id, model, answer) for every non-blank input line, in line order."""
+    answers = job_answers(job) if job else {}
+    ran: Iterator[tuple[int, str | None, str | None, Answer]] = iter(())
+    if records is not None:
+        ran = (
+            (r["line"], r[ID_COLUMN], r["model"], answers.get(r[ID_COLUMN]) or _not_run())
+            for r in read_lines(records)
+        )
+    refused = ((b.line, b.custom_id, None, bad_line_answer(b)) for b in bad)
+    yield from heapq.merge(ran, refused, key=lambda item: item[0])
+
+
+def _not_run() -> Answer:
+    return Answer(False, status=500, code="not_run", message=NOT_RUN)
+
+
+def write_outputs(
+    ctx: Context,
+    fmt: str,
+    items: Iterator[tuple[int, str | None, str | None, Answer]],
+    output_url: str,
+    errors_url: str | None,
+) -> Written:
+    """Write OUTPUT (and, for OpenAI, ERRORS); the counts and usage they hold."""
+    done = Written()
+    with tempfile.TemporaryDirectory(prefix="nightshift-batch-out-") as tmp:
+        out_path, err_path = Path(tmp, "output.jsonl"), Path(tmp, "errors.jsonl")
+        with (
+            open(out_path, "w", encoding="utf-8") as out,
+            open(err_path, "w", encoding="utf-8") as err,
+        ):
+            for line, custom_id, model, answer in items:
+                _count(done, answer)
+                if not answer.ok and not answer.message.startswith("line "):
+                    answer.message = f"line {line}: {answer.message}"
+                if fmt == "anthropic":
+                    out.write(dumps(anthropic_line(ctx, custom_id, line, model, answer)))
+                else:
+                    target = out if answer.ok else err
+                    target.write(dumps(openai_line(ctx, custom_id, line, model, answer)))
+        put(out_path, output_url)
+        if errors_url is not None and fmt != "anthropic":
+            put(err_path, errors_url)
+    return done
+
+
+def _count(done: Written, answer: Answer) -> None:
+    done.lines += 1
+    if not answer.ok:
+        done.failed += 1
+        return
+    row: dict[str, Any] = answer.row
+    done.completed += 1
+    done.input_tokens += row["prompt_tokens"] or 0
+    done.output_tokens += row["output_tokens"] or 0
+    done.cached_tokens += row["cached_tokens"] or 0
+
+
+def put(path: Path, url: str) -> None:
+    parent, _, name = url.rstrip("/").rpartition("/")
+    open_store(parent or ".").put_file(name, path)

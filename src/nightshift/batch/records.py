@@ -1,0 +1,244 @@
+"""What every batch format becomes: a records table and a list of bad lines.
+
+A format parser turns one decoded JSON line into a ``Request`` or raises ``BadRequest``;
+``convert`` does the rest the same way for every format: reads the file line by line
+(never whole), reports broken JSON, missing, non-string and repeated ``custom_id`` with
+the line number, applies the served-model rule, and writes the runnable requests to
+Parquet in batches.
+
+The records table's columns: ``custom_id`` (the job's id column), ``line`` (1-based line
+number in the input), ``model`` (the name the answer echoes), ``messages`` (a list of
+{role, content}) or ``prompt`` (raw text, /v1/completions), and ``sampling`` (JSON, the
+per-record override of the job's sampling: ``input.sampling_column``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ValidationError
+
+ID_COLUMN = "custom_id"
+SAMPLING_COLUMN = "sampling"
+TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
+_BASE = [
+    pa.field(ID_COLUMN, pa.string()),
+    pa.field("line", pa.int64()),
+    pa.field("model", pa.string()),
+]
+SCHEMAS = {
+    "messages": pa.schema(
+        [*_BASE, pa.field("messages", pa.list_(TURN)), pa.field(SAMPLING_COLUMN, pa.string())]
+    ),
+    "prompt": pa.schema(
+        [*_BASE, pa.field("prompt", pa.string()), pa.field(SAMPLING_COLUMN, pa.string())]
+    ),
+}
+WRITE_BATCH = 4096
+# The sampling keys of the contract with the run path (input.sampling_column).
+SAMPLING_KEYS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "json_schema",
+    "json_object",
+    "logprobs",
+    "top_logprobs",
+)
+
+
+class BadRequest(Exception):
+    """One line is not a request nightshift can run; ``code`` and ``param`` follow the
+    providers' error fields."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None):
+        self.code, self.param = code, param
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class BadLine:
+    line: int
+    custom_id: str | None
+    code: str
+    message: str
+    param: str | None = None
+
+
+@dataclass
+class Request:
+    """One runnable request: ``messages`` or ``prompt``, and its sampling overrides."""
+
+    model: str | None
+    sampling: dict[str, Any]
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+
+
+class LineParser(Protocol):
+    def custom_id(self, line: dict[str, Any]) -> Any: ...
+    def parse(self, line: dict[str, Any], number: int) -> Request: ...
+
+
+@dataclass
+class Conversion:
+    """What ``convert`` found: counts, the bad lines, and the input's digest."""
+
+    lines: int = 0
+    records: int = 0
+    shape: str | None = None  # "messages" or "prompt"; None when no line can run
+    bad: list[BadLine] = field(default_factory=list)
+    sha256: str = ""
+
+
+def sampling_json(values: dict[str, Any]) -> str:
+    """The per-record sampling value: set keys only (null means the job's), canonical."""
+    unknown = set(values) - set(SAMPLING_KEYS)
+    assert not unknown, unknown  # a parser bug, never a user's mistake
+    kept = {k: v for k, v in values.items() if v is not None}
+    return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def numbered_lines(stream: BinaryIO, digest: Any) -> Iterator[tuple[int, bytes]]:
+    """Each non-blank line with its 1-based number; every byte also goes to ``digest``."""
+    for number, raw in enumerate(stream, start=1):
+        digest.update(raw)
+        if raw.strip():
+            yield number, raw
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def convert(source: Path, parser: LineParser, served: list[str], out: Path) -> Conversion:
+    """Read ``source`` line by line; write the runnable requests to ``out`` (Parquet)."""
+    done = Conversion()
+    seen: set[str] = set()
+    writer: _Writer | None = None
+    digest = hashlib.sha256()
+    with open(source, "rb") as stream:
+        for number, raw in numbered_lines(stream, digest):
+            done.lines += 1
+            outcome = _one_line(number, raw, parser, served, seen)
+            if isinstance(outcome, BadLine):
+                done.bad.append(outcome)
+                continue
+            custom_id, request = outcome
+            shape = "messages" if request.messages is not None else "prompt"
+            writer = writer or _Writer(out, shape)
+            writer.add(custom_id, number, request)
+            done.records += 1
+    done.sha256 = digest.hexdigest()
+    if writer:
+        writer.close()
+        done.shape = writer.shape
+    return done
+
+
+def _one_line(
+    number: int, raw: bytes, parser: LineParser, served: list[str], seen: set[str]
+) -> BadLine | tuple[str, Request]:
+    try:
+        line = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return BadLine(number, None, "invalid_json", f"line {number}: not valid JSON ({exc})")
+    if not isinstance(line, dict):
+        return BadLine(number, None, "invalid_json", f"line {number}: not a JSON object")
+    custom_id = parser.custom_id(line)
+    if custom_id is None:
+        return BadLine(number, None, "missing_custom_id", f"line {number}: no custom_id", ID_COLUMN)
+    if not isinstance(custom_id, str) or not custom_id:
+        problem = f"line {number}: custom_id must be a non-empty string, got {custom_id!r}"
+        return BadLine(number, None, "invalid_custom_id", problem, ID_COLUMN)
+    if custom_id in seen:
+        problem = (
+            f"line {number}: custom_id {custom_id!r} repeats an earlier line's; only the first runs"
+        )
+        return BadLine(number, custom_id, "duplicate_custom_id", problem, ID_COLUMN)
+    seen.add(custom_id)
+    try:
+        request = parser.parse(line, number)
+        check_model(request.model, served)
+    except BadRequest as exc:
+        return BadLine(number, custom_id, exc.code, f"line {number}: {exc}", exc.param)
+    request.model = request.model or served[0]
+    return custom_id, request
+
+
+def check_model(model: Any, served: list[str]) -> None:
+    """The model rule: a request names one of the served names, or none at all."""
+    if model is None or (isinstance(model, str) and model in served):
+        return
+    names = ", ".join(repr(n) for n in served)
+    raise BadRequest(
+        f"model {model!r} is not served here (served: {names}); name one of those or "
+        "leave model out (--served-model-name sets the names)",
+        "model_not_found",
+        "model",
+    )
+
+
+class _Writer:
+    def __init__(self, out: Path, shape: str) -> None:
+        self.shape, self.rows = shape, []
+        self.schema = SCHEMAS[shape]
+        self.writer = pq.ParquetWriter(out, self.schema, compression="zstd")
+
+    def add(self, custom_id: str, number: int, request: Request) -> None:
+        body = request.messages if self.shape == "messages" else request.prompt
+        if body is None:  # a file mixing chat and completion requests: one endpoint rule
+            raise AssertionError("the parser must refuse a second request shape")
+        self.rows.append(
+            {
+                ID_COLUMN: custom_id,
+                "line": number,
+                "model": request.model,
+                self.shape: body,
+                SAMPLING_COLUMN: sampling_json(request.sampling),
+            }
+        )
+        if len(self.rows) >= WRITE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+def validated(model: type[BaseModel], data: dict[str, Any], prefix: str) -> Any:
+    """``data`` as ``model``, or a ``BadRequest`` naming the first bad parameter."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join([*([prefix] if prefix else []), *map(str, first["loc"])])
+        problem = "is required" if first["type"] == "missing" else first["msg"]
+        if first["type"] == "extra_forbidden":
+            problem = "is not a known field"
+        raise BadRequest(f"{param}: {problem}", param=param or None) from None
+
+
+def read_lines(path: Path) -> Iterable[dict[str, Any]]:
+    """The records table's rows (for writing results), in line order."""
+    table = pq.read_table(path, columns=[ID_COLUMN, "line", "model", SAMPLING_COLUMN])
+    return table.to_pylist()

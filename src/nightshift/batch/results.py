@@ -1,0 +1,112 @@
+"""A finished job's answers as the provider's own output lines.
+
+Read only through the commit markers and the plan (``io.outputs.committed_files``, what
+``nightshift jobs export`` and ``jobs status`` read), never a listing. Every line's ids
+are derived from the input's digest and the custom_id, and ``created`` is when the batch
+was converted, so a rerun of a finished batch writes the same bytes.
+
+OpenAI: answers go to OUTPUT as ``{id, custom_id, response{status_code: 200, request_id,
+body}, error: null}`` with a ``chat.completion`` or ``text_completion`` body; a bad
+request (a bad line, a prompt over the context, a bad sampling value) goes to ERRORS with
+``status_code`` 400 and ``body.error{message, type, param, code}``; anything else
+(an engine failure) with ``response: null`` and ``error{code, message}``.
+Anthropic: every request's ``MessageBatchIndividualResponse`` goes to OUTPUT, as the
+provider's results stream holds them: ``succeeded`` with a Message, or ``errored``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from nightshift.batch.records import ID_COLUMN, BadLine
+from nightshift.io.outputs import JobOutput, committed_files
+
+# reject_kind -> (code, param) of the 400 it becomes
+REJECT_CODES = {
+    "over_length": ("context_length_exceeded", "messages"),
+    "bad_sampling": ("invalid_value", None),
+}
+NOT_RUN = "not run: its shard failed; rerun the same command to retry it"
+
+
+@dataclass
+class Answer:
+    """One record's outcome in the job: ok (``row`` from results), or an error."""
+
+    ok: bool
+    row: dict[str, Any] = field(default_factory=dict)
+    status: int = 400  # for an error: 400 a bad request, 500 anything else
+    code: str = "invalid_request"
+    message: str = ""
+    param: str | None = None
+
+
+@dataclass
+class Written:
+    lines: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def job_answers(location: str) -> dict[str, Answer]:
+    """custom_id -> Answer, from the job's committed results, failures and rejects."""
+    answers: dict[str, Answer] = {}
+    output = JobOutput(location)
+    for row in _rows(output, "results"):
+        answers[row[ID_COLUMN]] = Answer(ok=True, row=row)
+    for row in _rows(output, "failed"):
+        answers[row[ID_COLUMN]] = Answer(
+            False, status=500, code="server_error", message=row["error"]
+        )
+    for row in _rows(output, "rejects"):
+        code, param = REJECT_CODES.get(row["reject_kind"], ("invalid_request", None))
+        answers[row[ID_COLUMN]] = Answer(False, code=code, message=row["reason"], param=param)
+    return answers
+
+
+def _rows(output: JobOutput, kind: str) -> Iterator[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
+        for n, uri in enumerate(committed_files(output.location, kind)):
+            key = uri.removeprefix(output.store.root + "/")
+            table = pq.read_table(output.store.download(key, Path(tmp) / f"{n}.parquet"))
+            yield from table.to_pylist()
+
+
+def request_ids(batch_key: str, custom_id: str | None, line: int) -> dict[str, str]:
+    digest = hashlib.sha256(f"{batch_key}\0{custom_id}\0{line}".encode()).hexdigest()[:24]
+    return {"line": f"batch_req_{digest}", "request": f"req_{digest}", "body": digest}
+
+
+def choices(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answer's choices: the run's ``detail`` (n, logprobs), or its one text."""
+    detail = row.get("detail")
+    if detail:
+        return json.loads(detail)["choices"]
+    return [
+        {
+            "text": row["text"],
+            "finish_reason": row["finish_reason"],
+            "stop_sequence": None,
+            "output_tokens": row["output_tokens"],
+            "logprobs": None,
+        }
+    ]
+
+
+def dumps(line: dict[str, Any]) -> str:
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def bad_line_answer(bad: BadLine) -> Answer:
+    return Answer(False, code=bad.code, message=bad.message, param=bad.param)

@@ -1,0 +1,317 @@
+"""``nightshift batch run``: a provider batch file through a nightshift job, and back.
+
+The work folder (default ``OUTPUT.nightshift/`` beside OUTPUT, local or S3) holds::
+
+    WORK/input/records.parquet   the runnable requests (``batch.records``)
+    WORK/input/bad-lines.json    the lines that cannot run, each with its problem
+    WORK/job.yaml                the job spec that runs them (for reading; rebuilt each run)
+    WORK/batch.json              the input's digest, format, served names, created time;
+                                 written last: no batch.json, no conversion
+    WORK/job/                    the job's output: plan, checkpoints, markers, report
+
+The input is converted once; a rerun finds batch.json, checks the input is the same
+file (else refuses), and resumes the job, which skips what it committed. Once the job is
+done, OUTPUT (and ERRORS) are written whole from its committed answers, so a finished
+batch run again rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nightshift.batch.anthropic import AnthropicParser
+from nightshift.batch.openai import OpenAIParser
+from nightshift.batch.output import outcomes, write_outputs
+from nightshift.batch.records import ID_COLUMN, SAMPLING_COLUMN, BadLine, convert, file_digest
+from nightshift.batch.results import Written
+from nightshift.batch.shapes import Context
+from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
+from nightshift.io.objectstore import ObjectStore, open_store
+from nightshift.jobs.loading import apply_override, validate_spec
+
+MARKER = "batch.json"
+RECORDS = "input/records.parquet"
+BAD_LINES = "input/bad-lines.json"
+JOB_DIR = "job"
+SETTABLE = ("model.max_model_len", "engine.", "plan.", "run.", "cost.")
+# Defaults for a first run. A request without max_tokens gets DEFAULT_MAX_TOKENS (at most
+# half the context); without temperature/top_p the providers' own defaults, 1 and 1.
+DEFAULT_MAX_TOKENS = 1024
+DEFAULT_CONTEXT = 4096  # a model whose config names no context length
+MAX_DEFAULT_CONTEXT = 16384  # the most a first run asks of the KV cache
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+@dataclass
+class BatchOutcome:
+    """What a ``run_batch`` call did: requests (every non-blank input line) completed and
+    failed, their tokens, the files written, the work folder and the job's report (None
+    when no line could run). ``stopped``: a graceful stop; nothing written, rerun."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    output: str = ""
+    errors: str | None = None
+    work: str = ""
+    report: dict[str, Any] | None = None
+    stopped: bool = False
+    format: str = ""
+
+
+def run_batch(
+    input_url: str,
+    output_url: str,
+    *,
+    model: str,
+    errors_url: str | None = None,
+    fmt: str = "auto",
+    served_names: list[str] | None = None,
+    overrides: list[str] | None = None,
+    work_url: str | None = None,
+    progress: bool = False,
+) -> BatchOutcome:
+    """Run one batch file to its output (and errors) file; rerun to resume."""
+    model_path = _model_folder(model)
+    served = list(dict.fromkeys(served_names or [model_path.name]))
+    check_overrides(overrides or [])
+    work_url = (work_url or f"{output_url.rstrip('/')}.nightshift").rstrip("/")
+    work = open_store(work_url)
+    with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
+        source = _local_input(input_url, Path(tmp))
+        marker = _converted(work, source, fmt, served, input_url, work_url, Path(tmp))
+        if marker["format"] == "anthropic":
+            if errors_url:
+                raise UserError(
+                    "--errors: an Anthropic batch's results hold every request, errored "
+                    "ones too, in OUTPUT; leave --errors out"
+                )
+        else:
+            errors_url = errors_url or default_errors_url(output_url)
+        outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
+        outcome.format = marker["format"]
+        if marker["records"]:
+            outcome.report = _run_job(
+                work, marker, model_path, overrides or [], progress, Path(tmp)
+            )
+            if outcome.report.get("stopped"):
+                outcome.stopped = True
+                return outcome
+        done = _write_files(work, marker, output_url, errors_url, Path(tmp))
+    outcome.total, outcome.completed, outcome.failed = done.lines, done.completed, done.failed
+    outcome.input_tokens, outcome.output_tokens = done.input_tokens, done.output_tokens
+    outcome.cached_tokens = done.cached_tokens
+    return outcome
+
+
+def _write_files(
+    work: ObjectStore, marker: dict, output_url: str, errors_url: str | None, tmp: Path
+) -> Written:
+    bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
+    records, job = None, None
+    if marker["records"]:
+        records, job = work.download(RECORDS, tmp / "records.parquet"), work.uri(JOB_DIR)
+    ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
+    return write_outputs(ctx, marker["format"], outcomes(records, bad, job), output_url, errors_url)
+
+
+def default_errors_url(output_url: str) -> str:
+    """``out.jsonl`` -> ``out.errors.jsonl`` beside it (any other name: NAME.errors.jsonl)."""
+    base = output_url.removesuffix(".jsonl")
+    return f"{base}.errors.jsonl"
+
+
+def check_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key == SETTABLE[0] or key.startswith(SETTABLE[1:]):
+            continue
+        raise SpecError(
+            "--set",
+            f"{key or repr(item)} cannot be set for a batch",
+            "batch run takes model.max_model_len, engine.*, plan.*, run.* and cost.*; "
+            "each request carries its own sampling",
+        )
+
+
+def _model_folder(model: str) -> Path:
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        problem = "is a file" if path.exists() else "does not exist"
+        raise UserError(f"--model: {model} {problem}; give the folder of a local model")
+    return path.resolve()
+
+
+def _local_input(input_url: str, tmp: Path) -> Path:
+    if input_url.startswith("s3://"):
+        parent, _, name = input_url.rpartition("/")
+        try:
+            return open_store(parent).download(name, tmp / "input.jsonl")
+        except ObjectNotFound:
+            raise UserError(f"INPUT: {input_url} does not exist") from None
+    path = Path(input_url).expanduser()
+    if not path.is_file():
+        raise UserError(
+            f"INPUT: {input_url} {'is a directory' if path.is_dir() else 'does not exist'}"
+        )
+    return path
+
+
+def _converted(
+    work: ObjectStore,
+    source: Path,
+    fmt: str,
+    served: list[str],
+    input_url: str,
+    work_url: str,
+    tmp: Path,
+) -> dict[str, Any]:
+    """The work folder's batch.json: found (same input, same settings) or made now."""
+    digest = file_digest(source)
+    try:
+        marker = json.loads(work.get_bytes(MARKER))
+    except ObjectNotFound:
+        marker = None
+    if marker is not None:
+        _same_batch(marker, digest, fmt, served, input_url, work_url)
+        return marker
+    parser = _parser(_detect(source) if fmt == "auto" else fmt)
+    done = convert(source, parser, served, tmp / "records.parquet")
+    if done.sha256 != digest:
+        raise UserError(f"INPUT: {input_url} changed while it was read; run again")
+    if done.records:
+        work.put_file(RECORDS, tmp / "records.parquet")
+    work.put_bytes(BAD_LINES, json.dumps([b.__dict__ for b in done.bad], indent=1).encode())
+    marker = {
+        "input": input_url,
+        "sha256": digest,
+        "format": parser.format,
+        "endpoint": getattr(parser, "endpoint", None) or "anthropic",
+        "shape": done.shape,
+        "served": served,
+        "lines": done.lines,
+        "records": done.records,
+        "bad_lines": len(done.bad),
+        "created": int(time.time()),
+    }
+    work.put_bytes(MARKER, json.dumps(marker, indent=2).encode())
+    return marker
+
+
+def _same_batch(
+    marker: dict, digest: str, fmt: str, served: list[str], input_url: str, work_url: str
+) -> None:
+    start_over = f"remove {work_url} (or give another OUTPUT) to start a new batch"
+    if marker["sha256"] != digest:
+        raise UserError(
+            f"INPUT: {input_url} is not the file this batch started from "
+            f"({marker['input']}, sha256 {marker['sha256'][:12]}...): it changed since; "
+            f"{start_over}"
+        )
+    if fmt not in ("auto", marker["format"]):
+        raise UserError(f"--format {fmt}: this batch was read as {marker['format']}; {start_over}")
+    if served != marker["served"]:
+        raise UserError(
+            f"--served-model-name: this batch was checked against {marker['served']}; {start_over}"
+        )
+
+
+def _detect(source: Path) -> str:
+    with open(source, "rb") as stream:
+        for raw in stream:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and "params" in line:
+                return "anthropic"
+            if isinstance(line, dict) and ("body" in line or "url" in line):
+                return "openai"
+    raise UserError("INPUT: cannot tell its format (no line has body/url or params); pass --format")
+
+
+def _parser(fmt: str) -> OpenAIParser | AnthropicParser:
+    if fmt == "openai":
+        return OpenAIParser()
+    if fmt == "anthropic":
+        return AnthropicParser()
+    raise UserError(f"--format {fmt!r}: use openai, anthropic or auto")
+
+
+def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str]) -> dict[str, Any]:
+    """The job that runs a batch's records: one conversation (or raw prompt) each, with
+    each record's own sampling."""
+    if marker["shape"] == "messages":
+        prompt: dict[str, Any] = {"messages_column": "messages"}
+    else:
+        prompt = {"template": "{prompt}", "chat_template": False}
+    spec: dict[str, Any] = {
+        "name": _job_name(marker["input"]),
+        "input": {
+            "path": work.uri(RECORDS),
+            "id_column": ID_COLUMN,
+            "sampling_column": SAMPLING_COLUMN,
+        },
+        "prompt": prompt,
+        "task": {"kind": "generate"},
+        "model": {"path": str(model), "max_model_len": model_context(model)},
+        "sampling": {"temperature": 1.0, "top_p": 1.0},
+        "output": {"path": work.uri(JOB_DIR)},
+    }
+    for item in overrides:
+        apply_override(spec, item)
+    context = spec["model"]["max_model_len"]
+    if isinstance(context, int) and context > 1:
+        spec["sampling"]["max_tokens"] = min(DEFAULT_MAX_TOKENS, context // 2)
+    validate_spec(spec)  # a bad --set is named here, before Prefect starts
+    return spec
+
+
+def _job_name(input_url: str) -> str:
+    stem = re.sub(r"\W+", "-", Path(input_url).stem).strip("-")[:60]
+    return f"batch-{stem}" if stem else "batch"
+
+
+def model_context(model: Path) -> int:
+    """The model's own context length from its config.json, at most MAX_DEFAULT_CONTEXT."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT
+    for key in _CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return min(value, MAX_DEFAULT_CONTEXT)
+    return DEFAULT_CONTEXT
+
+
+def _run_job(
+    work: ObjectStore, marker: dict, model: Path, overrides: list[str], progress: bool, tmp: Path
+) -> dict[str, Any]:
+    from nightshift.pipelines.local import run_flow_once
+
+    spec = job_spec(work, marker, model, overrides)
+    text = yaml.safe_dump(spec, sort_keys=False)
+    work.put_bytes("job.yaml", text.encode())
+    path = tmp / "job.yaml"
+    path.write_text(text)
+    try:
+        return run_flow_once(str(path), None, progress=progress)
+    except OutputExistsError as exc:  # its advice names jobs run's options: say ours
+        changed = re.search(r"\(([^()]*) changed\)", str(exc))
+        what = f" ({changed.group(1)} changed)" if changed else ""
+        raise UserError(
+            f"this batch started with other settings{what}; rerun it with the --set it "
+            f"started with, or remove {work.root} to start it over"
+        ) from None

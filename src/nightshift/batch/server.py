@@ -1,0 +1,102 @@
+"""``nightshift batch serve``: the OpenAI Batch API and Anthropic Message Batches API on
+the user's own GPUs.
+
+One process: uvicorn answers requests in the main thread while one worker thread runs
+the queued batches, each a nightshift job and a Prefect flow run (``batch.queue``). All
+state lives in the store (``batch.store``), so a server killed at any moment carries
+every unfinished batch on at its next start. It refuses to listen beyond loopback
+without an API key, and logs neither keys nor request bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from functools import partial
+
+from fastapi import FastAPI
+
+from nightshift.batch.api_anthropic import anthropic_router
+from nightshift.batch.api_openai import openai_router
+from nightshift.batch.execute import ServeSettings, run_record
+from nightshift.batch.http import BodyLimit, install_error_handlers
+from nightshift.batch.lifecycle import finish
+from nightshift.batch.queue import BatchQueue
+from nightshift.batch.state import ServerState
+from nightshift.batch.store import BatchStore
+from nightshift.errors import UserError
+
+log = logging.getLogger("nightshift.batch.server")
+SHUTDOWN_S = 120.0  # how long a shutdown waits for the running job's graceful stop
+_MULTIPART_SLACK = 1 << 20  # multipart framing around an upload of the largest size
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """Listening beyond this machine needs a key: anyone who reaches the port could
+    otherwise run jobs on the GPU and read every result."""
+    if api_key:
+        return
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise UserError(
+            f"--host {host} is reachable from other machines: give an API key "
+            "(--api-key or NIGHTSHIFT_API_KEY), or listen on 127.0.0.1"
+        )
+
+
+def create_app(settings: ServeSettings, run=None) -> FastAPI:
+    """The app; ``run(record) -> counts`` runs one batch's job (``run_record`` unless
+    given). The worker starts and stops with the app's lifespan."""
+    batches = BatchStore(settings.store)
+    queue = BatchQueue(
+        batches,
+        run or partial(run_record, batches, settings=settings),
+        partial(finish, batches),
+    )
+    state = ServerState(settings, batches, queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        queue.start()
+        yield
+        queue.shutdown(SHUTDOWN_S)
+
+    app = FastAPI(
+        title="nightshift batch",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_bytes + _MULTIPART_SLACK)
+    app.include_router(openai_router(state))
+    app.include_router(anthropic_router(state))
+    app.state.nightshift = state
+    return app
+
+
+def serve(settings: ServeSettings) -> None:
+    """Serve until SIGTERM or Ctrl-C; the running job stops gracefully and carries on
+    at the next start."""
+    import uvicorn
+
+    check_exposure(settings.host, settings.api_key)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()

@@ -1,0 +1,159 @@
+"""The providers' output line shapes, one function per line kind.
+
+Shapes follow the providers' references: OpenAI's batch output line
+(``BatchRequestOutput``) around a ``ChatCompletion`` or ``Completion`` body, Anthropic's
+``MessageBatchIndividualResponse`` around a ``Message``; tests validate them with both
+SDKs' own types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nightshift.batch.openai import CHAT
+from nightshift.batch.results import Answer, choices, request_ids
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every line of one batch shares: its digest (the ids), ``created``, endpoint."""
+
+    batch_key: str
+    created: int
+    endpoint: str  # CHAT, COMPLETIONS or "anthropic"
+
+
+def openai_line(
+    ctx: Context, custom_id: str | None, line: int, model: str | None, answer: Answer
+) -> dict:
+    ids = request_ids(ctx.batch_key, custom_id, line)
+    out: dict[str, Any] = {"id": ids["line"], "custom_id": custom_id}
+    if answer.ok:
+        body = _openai_body(ctx, ids["body"], model, answer.row)
+        out |= {"response": {"status_code": 200, "request_id": ids["request"], "body": body}}
+        return out | {"error": None}
+    if answer.status == 400:
+        param = answer.param
+        if param == "messages" and ctx.endpoint != CHAT:
+            param = "prompt"
+        error = {
+            "message": answer.message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": answer.code,
+        }
+        response = {"status_code": 400, "request_id": ids["request"], "body": {"error": error}}
+        return out | {"response": response, "error": None}
+    return out | {"response": None, "error": {"code": answer.code, "message": answer.message}}
+
+
+def _openai_body(ctx: Context, digest: str, model: str | None, row: dict[str, Any]) -> dict:
+    chat = ctx.endpoint == CHAT
+    made = [(_chat_choice if chat else _text_choice)(i, c) for i, c in enumerate(choices(row))]
+    prompt, output = row["prompt_tokens"], row["output_tokens"]
+    return {
+        "id": f"chatcmpl-{digest}" if chat else f"cmpl-{digest}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": ctx.created,
+        "model": model,
+        "choices": made,
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+            "total_tokens": prompt + output,
+            "prompt_tokens_details": {"cached_tokens": row["cached_tokens"] or 0},
+        },
+        "system_fingerprint": None,
+    }
+
+
+def _finish(choice: dict[str, Any]) -> str:
+    return "length" if choice.get("finish_reason") == "length" else "stop"
+
+
+def _chat_choice(index: int, choice: dict[str, Any]) -> dict[str, Any]:
+    logprobs = None
+    if choice.get("logprobs") is not None:
+        content = [
+            {
+                "token": t["token"],
+                "logprob": t["logprob"],
+                "bytes": t.get("bytes"),
+                "top_logprobs": [
+                    {"token": x["token"], "logprob": x["logprob"], "bytes": x.get("bytes")}
+                    for x in t.get("top_logprobs") or []
+                ],
+            }
+            for t in choice["logprobs"]
+        ]
+        logprobs = {"content": content, "refusal": None}
+    message = {"role": "assistant", "content": choice["text"], "refusal": None}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": _finish(choice),
+    }
+
+
+def _text_choice(index: int, choice: dict[str, Any]) -> dict[str, Any]:
+    logprobs = None
+    if choice.get("logprobs") is not None:
+        tokens = choice["logprobs"]
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t["token"])
+        logprobs = {
+            "tokens": [t["token"] for t in tokens],
+            "token_logprobs": [t["logprob"] for t in tokens],
+            "top_logprobs": [
+                {x["token"]: x["logprob"] for x in t.get("top_logprobs") or []} for t in tokens
+            ],
+            "text_offset": offsets,
+        }
+    return {
+        "text": choice["text"],
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": _finish(choice),
+    }
+
+
+def anthropic_line(
+    ctx: Context, custom_id: str | None, line: int, model: str | None, answer: Answer
+) -> dict:
+    ids = request_ids(ctx.batch_key, custom_id, line)
+    if not answer.ok:
+        kind = "invalid_request_error" if answer.status == 400 else "api_error"
+        error = {
+            "type": "error",
+            "error": {"type": kind, "message": answer.message},
+            "request_id": ids["request"],
+        }
+        return {"custom_id": custom_id, "result": {"type": "errored", "error": error}}
+    row = answer.row
+    first = choices(row)[0]
+    stop_reason, stop_sequence = "end_turn", None
+    if first.get("finish_reason") == "length":
+        stop_reason = "max_tokens"
+    elif first.get("stop_sequence"):
+        stop_reason, stop_sequence = "stop_sequence", first["stop_sequence"]
+    cached = row["cached_tokens"] or 0
+    message = {
+        "id": f"msg_{ids['body']}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": first["text"]}],
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {
+            "input_tokens": row["prompt_tokens"] - cached,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+            "output_tokens": row["output_tokens"],
+        },
+    }
+    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}

@@ -1,0 +1,81 @@
+"""``nightshift batch run``: provider batch files (OpenAI, Anthropic) on your own GPUs.
+
+Exit codes as ``jobs run``: 2 for a mistake the user can fix (a missing model or input,
+a bad --set), 1 when the engine or the run fails, 3 after a graceful stop.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from nightshift.cli.jobs import user_errors
+from nightshift.errors import RunStoppedError
+
+batch_app = typer.Typer(
+    help="Provider batch files (OpenAI, Anthropic) run as nightshift jobs.", no_args_is_help=True
+)
+
+
+@batch_app.command("run")
+@user_errors
+def run(
+    input_file: str = typer.Argument(
+        ..., metavar="INPUT", help="The batch file (JSONL), local or s3://.", show_default=False
+    ),
+    output_file: str = typer.Argument(
+        ...,
+        metavar="OUTPUT",
+        help="Where the result lines go (JSONL), local or s3://.",
+        show_default=False,
+    ),
+    model: str = typer.Option(..., "--model", help="The local model folder to serve."),
+    errors: str = typer.Option(
+        None, "--errors", help="Where failed requests go (default: OUTPUT's name + .errors.jsonl)."
+    ),
+    fmt: str = typer.Option("auto", "--format", help="openai, anthropic or auto (from the lines)."),
+    served_model_name: list[str] = typer.Option(
+        None,
+        "--served-model-name",
+        help="A model name requests may give (repeatable; default: the model folder's name).",
+    ),
+    overrides: list[str] = typer.Option(
+        None,
+        "--set",
+        help="Override a job setting: model.max_model_len, engine.*, plan.*, run.*, cost.* "
+        "(repeatable).",
+    ),
+    work: str = typer.Option(
+        None, "--work", help="The batch's working state (default: OUTPUT.nightshift/ beside it)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Run a batch file through the model; write the provider's output and error lines.
+    Rerun the same command to resume after a kill or a stop."""
+    from nightshift.batch.run import run_batch
+
+    outcome = run_batch(
+        input_file,
+        output_file,
+        model=model,
+        errors_url=errors,
+        fmt=fmt,
+        served_names=served_model_name or None,
+        overrides=overrides or None,
+        work_url=work,
+        progress=not quiet and sys.stderr.isatty(),
+    )
+    if outcome.stopped:
+        typer.echo(
+            "stopped: the answers held are checkpointed; rerun the same command to answer "
+            f"the rest (working state: {outcome.work})",
+            err=True,
+        )
+        raise typer.Exit(RunStoppedError.exit_code)
+    where = f"{outcome.output}" + (f", errors: {outcome.errors}" if outcome.errors else "")
+    typer.echo(
+        f"batch: {outcome.completed:,} completed, {outcome.failed:,} failed of "
+        f"{outcome.total:,} requests; tokens: {outcome.input_tokens:,} in "
+        f"({outcome.cached_tokens:,} cached), {outcome.output_tokens:,} out; output: {where}"
+    )

@@ -1,0 +1,68 @@
+"""``nightshift batch serve``: the self-hosted OpenAI and Anthropic batch APIs.
+
+A bad setting (a public host without a key, a bad ``--set``) prints one message and
+exits with code 2 before anything listens.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from nightshift.cli.jobs import user_errors
+
+KEY_ENV = "NIGHTSHIFT_API_KEY"
+
+
+@user_errors
+def serve(
+    model: str = typer.Option(..., "--model", help="The model directory (or hub name) to serve."),
+    store: str = typer.Option(
+        ..., "--store", help="Where files, batches and their jobs live: a directory or s3://."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="The address to listen on."),
+    port: int = typer.Option(8000, "--port", help="The port to listen on."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        help=f"The key clients must send (also read from {KEY_ENV}); required off loopback.",
+        show_default=False,
+    ),
+    served_names: list[str] = typer.Option(
+        None, "--served-model-name", help="A model name requests may give (repeatable)."
+    ),
+    overrides: list[str] = typer.Option(
+        None, "--set", help="A spec key for every batch's job, e.g. --set engine.max_num_seqs=64."
+    ),
+    max_upload_mb: int = typer.Option(200, "--max-upload-mb", min=1, help="Upload size limit."),
+    max_upload_lines: int = typer.Option(
+        50_000, "--max-upload-lines", min=1, help="Requests per batch limit."
+    ),
+) -> None:
+    """Serve the OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and the Anthropic
+    Message Batches API (/v1/messages/batches). Each batch runs as a nightshift job, one
+    at a time, first in first out; everything lives in --store, so a server killed and
+    started again carries every unfinished batch on where it stopped."""
+    from nightshift.batch.execute import ServeSettings
+    from nightshift.batch.server import check_exposure, serve
+
+    key = api_key or os.environ.get(KEY_ENV) or None
+    check_exposure(host, key)
+    settings = ServeSettings(
+        model=model,
+        store=store,
+        host=host,
+        port=port,
+        api_key=key,
+        served_names=list(served_names or []),
+        overrides=list(overrides or []),
+        max_bytes=max_upload_mb * 1024 * 1024,
+        max_lines=max_upload_lines,
+    )
+    typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)
+    serve(settings)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,128 @@
+"""What goes to vLLM per request and what comes back: ``SamplingParams`` built from a
+``Sampling`` (once per distinct one), and vLLM's finished outputs as ``EngineResult``
+with every choice, its stop sequence and its logprobs in the engine contract's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from typing import Any
+
+from nightshift.engines.base import Choice, EngineResult, Sampling, TokenLogprob
+
+
+class ParamsCache:
+    """``SamplingParams`` per distinct ``Sampling``, built once each: records with their
+    own sampling mostly share a few. Keyed on canonical JSON, as a JSON schema is a dict
+    (unhashable); bounded, as every record may have its own."""
+
+    def __init__(self, default: Sampling, limit: int = 4096) -> None:
+        self._default = _sampling_params(default)
+        self._default_sampling, self._limit = default, limit
+        self._built: dict[str, Any] = {}
+
+    def get(self, sampling: Sampling) -> Any:
+        if sampling is self._default_sampling:
+            return self._default
+        key = json.dumps(asdict(sampling), sort_keys=True, default=str)
+        params = self._built.get(key)
+        if params is None:
+            if len(self._built) >= self._limit:
+                self._built.clear()
+            params = self._built[key] = _sampling_params(sampling)
+        return params
+
+
+def _sampling_params(sampling: Sampling):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    structured, c = None, sampling.constraint
+    if c and c.choice:
+        structured = StructuredOutputsParams(choice=list(c.choice))
+    elif c and c.json_schema is not None:
+        structured = StructuredOutputsParams(json=c.json_schema)
+    elif c and c.json_object:
+        structured = StructuredOutputsParams(json_object=True)
+    return SamplingParams(
+        n=sampling.n,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        logprobs=sampling.logprobs,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # as LLM.generate: no per-step partials
+    )
+
+
+# vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) that are no answer: an
+# aborted request was given up before it finished; "error" is vLLM's retryable
+# request-level internal error (a KV load failure, say). None is an unfinished output.
+_UNANSWERED = {"abort", None}
+_RETRYABLE = {"error"}
+
+
+def _result(key: int, out: Any, top: int | None = None) -> EngineResult:
+    """One finished request; ``top``: the top logprobs it asked for (None: none)."""
+    completions = sorted(out.outputs or [], key=lambda c: getattr(c, "index", 0))
+    reasons = [c.finish_reason for c in completions] or [None]
+    prompt_tokens = len(out.prompt_token_ids or [])
+    if any(reason in _UNANSWERED for reason in reasons):  # any choice unfinished: no answer
+        return EngineResult(
+            key, finish_reason=reasons[0], prompt_tokens=prompt_tokens, aborted=True
+        )
+    choices = tuple(_choice(c, top) for c in completions)
+    # one choice's internal error makes the whole request worth sending again
+    reason = next((r for r in reasons if r in _RETRYABLE), reasons[0])
+    result = EngineResult(
+        key=key,
+        text=choices[0].text,
+        finish_reason=reason,
+        prompt_tokens=prompt_tokens,
+        output_tokens=sum(c.output_tokens for c in choices),
+        cached_tokens=int(out.num_cached_tokens or 0),
+        choices=choices,
+    )
+    if reason in _RETRYABLE:
+        error = f"vLLM ended the request with an internal error (finish_reason {reason!r})"
+        return replace(result, error=error, retryable=True)
+    return result
+
+
+def _choice(completion: Any, top: int | None) -> Choice:
+    stop = getattr(completion, "stop_reason", None)
+    return Choice(
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        output_tokens=len(completion.token_ids),
+        stop_sequence=stop if isinstance(stop, str) else None,  # an int is a stop token id
+        logprobs=_logprobs(completion, top) if top is not None else None,
+    )
+
+
+def _logprobs(completion: Any, top: int) -> tuple[TokenLogprob, ...]:
+    """vLLM's logprobs (per place: token id -> Logprob with its rank and decoded text)
+    as the chosen token's and the ``top`` likeliest at each place."""
+    out = []
+    for token_id, place in zip(completion.token_ids, completion.logprobs or [], strict=False):
+        place = place or {}
+        chosen = place.get(token_id)
+        ranked = sorted(
+            (e for e in place.items() if e[1].rank is not None and e[1].rank <= top),
+            key=lambda e: e[1].rank,
+        )
+        out.append(
+            TokenLogprob(
+                *_token(chosen), top_logprobs=tuple(TokenLogprob(*_token(e)) for _, e in ranked)
+            )
+        )
+    return tuple(out)
+
+
+def _token(entry: Any) -> tuple[str, float, tuple[int, ...]]:
+    text = (entry.decoded_token if entry is not None else None) or ""
+    logprob = float(entry.logprob) if entry is not None else float("-inf")
+    return text, logprob, tuple(text.encode())

@@ -1,0 +1,161 @@
+"""The spec's execution sections: how records become shards (``plan``), how the job
+runs (``run``), when (``schedule``), where answers are cached (``cache``) and what it
+costs (``cost``). None of them changes an answer, so none is in the fingerprint
+(``jobs.fingerprint``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, field_validator
+
+from nightshift.jobs.section import Section as _Section
+
+
+class PlanSpec(_Section):
+    shard_records: int = Field(
+        default=100_000,
+        gt=0,
+        description="Most records in one shard. A shard is the unit that is committed, "
+        "retried and (later) spread over workers; records sharing a prefix stay together.",
+    )
+    shard_tokens: int = Field(
+        default=50_000_000,
+        gt=0,
+        description="Most prompt tokens in one shard, so shards of long prompts stay short.",
+    )
+
+
+class RunSpec(_Section):
+    chunk_records: int = Field(
+        default=4096,
+        gt=0,
+        description="A shard checkpoints its answers every this many records, so a crash "
+        "loses at most one chunk. The engine is fed continuously either way.",
+    )
+    chunk_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A shard also checkpoints when this long has passed since its last "
+        "checkpoint, so a slow job loses at most this much work.",
+    )
+    shard_attempts: int = Field(
+        default=3,
+        gt=0,
+        description="Attempts per shard when the engine dies under it (each on a fresh "
+        "engine, continuing from its checkpoints) before the shard is reported failed.",
+    )
+    engine: Literal["vllm", "fake"] = Field(
+        default="vllm",
+        description="vllm runs the model; fake is a fast deterministic stand-in for tests.",
+    )
+    incremental: bool = Field(
+        default=True,
+        description="A rerun into the same output also plans the input's records whose id "
+        "no earlier run planned, so a nightly job generates only new records. false: a "
+        "rerun only resumes. To regenerate everything, run with --overwrite or --new-run.",
+    )
+    lease_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="With several workers, a worker's claim on a shard lasts this long "
+        "unless renewed (every quarter of it); a worker that dies gives its shard up to "
+        "the others after at most this long. Keep it well above the workers' clock skew.",
+    )
+    retry_delay_s: list[Annotated[float, Field(ge=0)]] = Field(
+        default=[10.0, 60.0],
+        min_length=1,
+        description="Seconds Prefect waits before retrying a failed shard task, one per "
+        "retry (the last repeats); retries = run.shard_attempts - 1.",
+    )
+    stall_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="The engine is hung when, with requests in flight, it generates no "
+        "token and finishes no request for this long: it is killed with its processes and "
+        "its shards continue on a fresh engine (an attempt). A healthy engine generates "
+        "tokens every step (well under a second); keep it far above your slowest step.",
+    )
+    overlap_startup: bool = Field(
+        default=True,
+        description="Start the engine while the plan is built, so its start-up hides the "
+        "plan time. false starts it only once the plan is written: for a machine that "
+        "cannot hold both at once, or to measure what the overlap saves.",
+    )
+    stop_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="After SIGTERM, Ctrl-C or a Prefect cancellation the run stops "
+        "gracefully (checkpoints what it holds, writes the report, exits with code 3); "
+        "past this many seconds it exits at once. Keep it under your platform's notice.",
+    )
+
+
+class ScheduleSpec(_Section):
+    cron: str = Field(
+        description="When the job runs, as a five-field cron expression, e.g. '0 2 * * *' "
+        "for 02:00 every night. Served by `nightshift schedule serve` or `deploy`."
+    )
+    timezone: str = Field(
+        default="UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value: str) -> str:
+        if len(value.split()) != 5:
+            raise ValueError(
+                f"{value!r} is not a five-field cron expression (minute hour day month "
+                "weekday), e.g. '0 2 * * *'"
+            )
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or UTC"
+            ) from None
+        return value
+
+
+class ProviderPrice(_Section):
+    """One row of ``cost.compare``: a provider's batch price, USD per million tokens."""
+
+    provider: str = Field(min_length=1, description="Who sells it, e.g. openai.")
+    model: str = Field(min_length=1, description="The model the price is for.")
+    input: float = Field(ge=0, description="USD per million input tokens, batch tier.")
+    cached_input: float | None = Field(
+        default=None, ge=0, description="USD per million cached input tokens; unset: as input."
+    )
+    output: float = Field(ge=0, description="USD per million output tokens, batch tier.")
+    source: str = Field(default="cost.compare", description="Where the price comes from.")
+
+
+class CacheSpec(_Section):
+    path: str | None = Field(
+        default=None,
+        description="A response cache shared by jobs (a local directory or s3://...): an "
+        "answer is looked up there before its request is sent, and every new one is stored.",
+    )
+
+
+class CostSpec(_Section):
+    gpu: str = Field(default="h100", description="Accelerator name, shown in the report.")
+    gpus: int = Field(default=1, gt=0, description="Accelerators the job holds while it runs.")
+    usd_per_gpu_hour: float = Field(default=0.0, ge=0, description="Price of one GPU hour.")
+    expected_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Throughput (prompt + output tokens/s) used by `jobs plan` to project "
+        "cost before any run; without it the plan uses the last run's measured figure.",
+    )
+    compare: list[ProviderPrice] | None = Field(
+        default=None,
+        description="Provider batch prices the report compares the self-hosted cost with; "
+        "unset: the published prices nightshift ships (see reports.compare), [] for none.",
+    )

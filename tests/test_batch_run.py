@@ -1,0 +1,304 @@
+"""``nightshift batch run`` end to end: the CLI on the fake engine for both formats, a
+kill and a resume, S3 in and out, the mistakes a user can make, and one real-engine run
+killed after its first checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from anthropic.types.messages import MessageBatchIndividualResponse
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from nightshift.batch.run import run_batch
+from nightshift.errors import SpecError, UserError
+from nightshift.jobs.status import output_status
+
+from .durable import generated_prompts
+from .test_workers import kill_with_children
+
+pytest_plugins = ["tests.s3server"]
+
+NIGHTSHIFT = [sys.executable, "-m", "nightshift.cli"]
+FAKE = ["--set", "run.engine=fake"]
+SYSTEM = "You are the support desk of Example Corp. Answer briefly and politely."
+SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"enum": ["billing", "bug", "other"]}},
+    "required": ["label"],
+    "additionalProperties": False,
+}
+
+
+def batch_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
+    return subprocess.run(
+        [*NIGHTSHIFT, "batch", "run", *args, "-q"],
+        env={**os.environ, **limit, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def chat_line(custom_id: str, text: str, **body) -> dict:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+    body = {"model": "chat", "messages": messages, "max_tokens": 8, **body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def openai_file(path: Path, good: int = 24) -> tuple[list[str], int]:
+    """``good`` runnable requests (a shared system text, JSON-schema ones, text with
+    braces and Jinja) and bad lines; the good ids and the number of bad lines."""
+    lines = []
+    for i in range(good):
+        text = f"Ticket {i}: my {{invoice}} shows {{{{ total }}}} {'{% if x %}' if i % 3 else ''}"
+        extra = {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": SCHEMA},
+            }
+        }
+        lines.append(chat_line(f"req-{i}", text, **(extra if i % 4 == 0 else {})))
+    bad = [
+        "{not json",
+        {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+        chat_line("req-0", "a repeat"),
+        chat_line("bad-stream", "x", stream=True),
+        chat_line("bad-tools", "x", tools=[{"type": "function"}]),
+        chat_line("bad-model", "x", model="gpt-4o"),
+        {**chat_line("bad-url", "x"), "url": "/v1/embeddings"},
+        chat_line("too-long", "word " * 3000),
+    ]
+    every = lines[:5] + bad[:4] + lines[5:] + bad[4:]
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in every))
+    return [line["custom_id"] for line in lines], len(bad)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_each_once(out: Path, errors: Path, good: list[str], bad: int) -> list[dict]:
+    answered, failed = read_jsonl(out), read_jsonl(errors)
+    ids = [x["custom_id"] for x in answered + failed]
+    named = [i for i in ids if i is not None]
+    assert len(named) == len(set(named)) + 1  # req-0's repeat is the one error line sharing it
+    assert set(good) <= set(named)
+    assert len(answered) + len(failed) == len(good) + bad
+    for line in answered:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        ChatCompletion.model_validate(line["response"]["body"])
+    return failed
+
+
+def test_an_openai_batch_killed_midway_resumes_and_a_rerun_writes_the_same_bytes(models, tmp_path):
+    source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    good, bad = openai_file(source)
+    args = [str(source), str(out), "--model", str(models["chat"]), *FAKE]
+    small = ["--set", "run.chunk_records=4", "--set", "plan.shard_records=8"]
+    first = batch_cli(*args, *small, env={"NIGHTSHIFT_CRASH_AT": "chunk.written:2"})
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert not out.exists()  # written only once the job is done
+    log = tmp_path / "fake.log"
+    second = batch_cli(*args, *small, env={"NIGHTSHIFT_FAKE_LOG": str(log)})
+    assert second.returncode == 0, second.stderr
+    assert len(generated_prompts(log)) <= len(good) - 8  # two chunks of 4 were kept
+    assert "completed" in second.stdout and "Traceback" not in second.stderr
+    errors = tmp_path / "results.errors.jsonl"
+    failed = assert_each_once(out, errors, good, bad)
+    codes = {
+        (f["custom_id"], (f["response"] or {}).get("body", {}).get("error", {}).get("code"))
+        for f in failed
+    }
+    assert ("too-long", "context_length_exceeded") in codes
+    assert ("bad-model", "model_not_found") in codes and (
+        "bad-stream",
+        "unsupported_parameter",
+    ) in codes
+    assert (None, "missing_custom_id") in codes and (None, "invalid_json") in codes
+    answered = read_jsonl(out)
+    assert [x["custom_id"] for x in answered] == sorted(good, key=lambda c: int(c.split("-")[1]))
+    for line in answered:
+        if int(line["custom_id"].split("-")[1]) % 4 == 0:
+            assert json.loads(line["response"]["body"]["choices"][0]["message"]["content"])["label"]
+    before = out.read_bytes(), errors.read_bytes()
+    third = batch_cli(*args, *small)
+    assert third.returncode == 0, third.stderr
+    assert (out.read_bytes(), errors.read_bytes()) == before
+    assert (tmp_path / "results.jsonl.nightshift" / "batch.json").is_file()
+
+
+def test_an_anthropic_batch_through_the_cli(models, tmp_path):
+    params = {
+        "model": "chat",
+        "max_tokens": 6,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": "Where is my {order}?"}],
+        "stop_sequences": ["\n\n"],
+    }
+    lines = [{"custom_id": f"m{i}", "params": {**params, "temperature": 0.1 * i}} for i in range(5)]
+    lines.append({"custom_id": "m9", "params": {**params, "tools": [{"name": "x"}]}})
+    source, out = tmp_path / "messages.jsonl", tmp_path / "results.jsonl"
+    source.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    done = batch_cli(str(source), str(out), "--model", str(models["chat"]), *FAKE)
+    assert done.returncode == 0, done.stderr
+    results = [MessageBatchIndividualResponse.model_validate(x) for x in read_jsonl(out)]
+    assert [r.custom_id for r in results] == ["m0", "m1", "m2", "m3", "m4", "m9"]
+    assert [r.result.type for r in results] == ["succeeded"] * 5 + ["errored"]
+    assert results[0].result.message.model == "chat"
+    assert not (tmp_path / "results.errors.jsonl").exists()  # Anthropic: one results file
+
+
+def test_a_completions_batch_in_process_and_the_mistakes_a_user_can_make(models, tmp_path):
+    lines = [
+        {
+            "custom_id": f"p{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": f"{{x}} {i}", "max_tokens": 5, "n": 1 + i % 2},
+        }
+        for i in range(6)
+    ]
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    outcome = run_batch(
+        str(source),
+        str(out),
+        model=str(models["plain"]),
+        served_names=["base", "alias"],
+        overrides=["run.engine=fake"],
+    )
+    assert (outcome.total, outcome.completed, outcome.failed) == (6, 6, 0)
+    assert outcome.input_tokens > 0 and outcome.errors == str(tmp_path / "out.errors.jsonl")
+    bodies = [Completion.model_validate(x["response"]["body"]) for x in read_jsonl(out)]
+    assert [b.model for b in bodies] == ["base"] * 6 and bodies[0].object == "text_completion"
+    assert [len(b.choices) for b in bodies] == [1, 2] * 3  # each request's own n
+    with pytest.raises(UserError, match=r"other settings \(model.max_model_len"):
+        run_batch(
+            str(source),
+            str(out),
+            model=str(models["plain"]),
+            served_names=["base", "alias"],
+            overrides=["run.engine=fake", "model.max_model_len=512"],
+        )
+    with pytest.raises(UserError, match="not the file this batch started from"):
+        source.write_text(source.read_text() + json.dumps({**lines[0], "custom_id": "new"}) + "\n")
+        run_batch(
+            str(source),
+            str(out),
+            model=str(models["plain"]),
+            served_names=["base", "alias"],
+            overrides=["run.engine=fake"],
+        )
+    with pytest.raises(SpecError, match="sampling.max_tokens cannot be set"):
+        run_batch(
+            str(source), str(out), model=str(models["plain"]), overrides=["sampling.max_tokens=3"]
+        )
+    nothing = tmp_path / "bad.jsonl"
+    nothing.write_text('{"custom_id": "z", "params": {"stream": true, "messages": []}}\n')
+    empty = run_batch(str(nothing), str(tmp_path / "z.jsonl"), model=str(models["plain"]))
+    assert (empty.total, empty.completed, empty.failed, empty.report) == (1, 0, 1, None)
+    [errored] = read_jsonl(tmp_path / "z.jsonl")  # no job at all: just the error line
+    assert MessageBatchIndividualResponse.model_validate(errored).result.type == "errored"
+    missing = batch_cli(str(tmp_path / "none.jsonl"), str(out), "--model", str(models["plain"]))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    no_model = batch_cli(str(source), str(out), "--model", str(tmp_path / "no-model"))
+    assert (
+        no_model.returncode == 2
+        and "--model" in no_model.stderr
+        and "Traceback" not in no_model.stderr
+    )
+
+
+def test_a_batch_from_s3_to_s3(models, tmp_path, s3_env):
+    client = s3_env.client()
+    prefix = f"batches/{uuid.uuid4().hex[:8]}"
+    source = tmp_path / "requests.jsonl"
+    good, bad = openai_file(source, good=6)
+    client.put_object(Bucket=s3_env.bucket, Key=f"{prefix}/in.jsonl", Body=source.read_bytes())
+    base = f"s3://{s3_env.bucket}/{prefix}"
+    done = batch_cli(
+        f"{base}/in.jsonl",
+        f"{base}/out.jsonl",
+        "--model",
+        str(models["chat"]),
+        *FAKE,
+        env=s3_env.env(),
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("out.jsonl", "out.errors.jsonl"):
+        body = client.get_object(Bucket=s3_env.bucket, Key=f"{prefix}/{name}")["Body"].read()
+        (tmp_path / name).write_bytes(body)
+    assert_each_once(tmp_path / "out.jsonl", tmp_path / "out.errors.jsonl", good, bad)
+    marker = client.get_object(
+        Bucket=s3_env.bucket, Key=f"{prefix}/out.jsonl.nightshift/batch.json"
+    )
+    assert json.loads(marker["Body"].read())["records"] == len(good) + 1  # too-long: a plan reject
+
+
+def kill_after_first_checkpoint(args: list[str], job: str, timeout: float = 600) -> None:
+    """Start ``batch run`` and SIGKILL it with its engine processes once the job holds a
+    checkpoint (a process that kills only itself would leave vLLM's engine core behind)."""
+    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
+    cli = subprocess.Popen(
+        [*NIGHTSHIFT, "batch", "run", *args, "-q"],
+        env={**os.environ, **limit},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            assert cli.poll() is None, cli.stderr.read().decode()[-3000:]
+            with contextlib.suppress(UserError):
+                records = output_status(job)["records"]
+                if records["ok"] + records["failed"]:
+                    return
+            time.sleep(0.2)
+        raise AssertionError("no checkpoint in time")
+    finally:
+        kill_with_children(psutil.Process(cli.pid))
+        cli.wait(timeout=60)
+
+
+@pytest.mark.engine
+def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path):
+    """The holdout's mix (a shared system text, JSON-schema requests, braces and Jinja in
+    the text, bad lines) through vLLM, killed after the first checkpoint, then rerun."""
+    source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    good, bad = openai_file(source, good=16)
+    args = [
+        str(source),
+        str(out),
+        "--model",
+        str(models["chat"]),
+        "--set",
+        "run.chunk_records=4",
+        "--set",
+        "engine.extra.enforce_eager=true",
+        "--set",
+        "engine.max_num_seqs=16",
+    ]
+    kill_after_first_checkpoint(args, f"{out}.nightshift/job")
+    assert not out.exists()
+    second = batch_cli(*args, timeout=600)
+    assert second.returncode == 0, second.stderr
+    failed = assert_each_once(out, tmp_path / "results.errors.jsonl", good, bad)
+    assert {f["custom_id"] for f in failed} >= {"too-long", "bad-model", "bad-stream"}
+    for line in read_jsonl(out):
+        if int(line["custom_id"].split("-")[1]) % 4 == 0:  # guided: valid JSON of the schema
+            content = line["response"]["body"]["choices"][0]["message"]["content"]
+            if line["response"]["body"]["choices"][0]["finish_reason"] == "stop":
+                assert json.loads(content)["label"] in {"billing", "bug", "other"}
