@@ -46,6 +46,8 @@ SCHEMA = {
 # run_batch's log: the engine is up and the file is being read
 READY_MARK = "Reading batch from"
 SIDES = ("run_batch", "nightshift")
+BLOCK = 128  # KV block size of vLLM's CPU build: prefix-cache hits come in whole blocks
+ENGINE_KEYS = ("kv_cache_dtype", "kv_cache_tokens", "block_size", "prefix_caching", "settings")
 
 
 def build_model(directory: Path = MODEL_DIR) -> Path:
@@ -172,18 +174,9 @@ def nightshift_command(s: dict, model: Path, inp: Path, out: Path, errors: Path)
         keys["engine.extra.num_gpu_blocks_override"] = s["num_gpu_blocks_override"]
     sets = [x for k, v in keys.items() for x in ("--set", f"{k}={v}")]
     cli = [sys.executable, "-m", "nightshift.cli", "batch", "run", str(inp), str(out)]
-    names = ["--served-model-name", model.name]  # the name every request gives, as run_batch's
-    return [
-        *cli,
-        "--model",
-        str(model),
-        *names,
-        "--errors",
-        str(errors),
-        "--format",
-        "openai",
-        *sets,
-    ]
+    # the name every request gives (as run_batch's --served-model-name); errors apart
+    flags = ["--model", str(model), "--served-model-name", model.name, "--errors", str(errors)]
+    return [*cli, *flags, "--format", "openai", *sets]
 
 
 def timed(cmd: list[str], env: dict, log: Path) -> tuple[float, int, float | None]:
@@ -203,9 +196,11 @@ def timed(cmd: list[str], env: dict, log: Path) -> tuple[float, int, float | Non
 
 
 def read_lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return (
+        []
+        if not path.exists()
+        else [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    )
 
 
 def answered(line: dict) -> bool:
@@ -251,7 +246,44 @@ def report_figures(state: Path) -> dict:
         "report_tokens": {k: tokens.get(k) for k in ("prompt", "prompt_cached", "output")},
         "report_records": report.get("records"),
         "report_time_s": {k: t.get(k) for k in ("engine_startup", "plan", "generate", "total")},
+        "report_prefix_reuse": report.get("prefix_reuse"),
+        "report_engine": {k: report.get("engine", {}).get(k) for k in ENGINE_KEYS},
     }
+
+
+def agreement(work: Path) -> dict:
+    """How many requests got the same answer text from both sides (the last rep's files)."""
+    texts = {}
+    for side in SIDES:
+        texts[side] = {
+            line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"]
+            for line in read_lines(work / f"{side}-out.jsonl")
+            if answered(line)
+        }
+    a, b = texts.values()
+    return {
+        "answered_by_both": len(a.keys() & b.keys()),
+        "same_text": sum(a[k] == b[k] for k in a.keys() & b.keys()),
+    }
+
+
+def optimum_cached(path: Path, model: Path, block: int = BLOCK) -> int:
+    """Sum over requests of the whole KV blocks their chat prompt shares with an earlier
+    one (at most len - 1 tokens): what a perfect prefix cache serves, in any order."""
+    from transformers import AutoTokenizer
+
+    tokenizer, seen, total = AutoTokenizer.from_pretrained(model), set(), 0
+    for line in read_lines(path):
+        text = tokenizer.apply_chat_template(
+            line["body"]["messages"], tokenize=False, add_generation_prompt=True
+        )
+        ids, key, hit = tokenizer(text, add_special_tokens=False)["input_ids"], None, True
+        for b in range(len(ids) // block):
+            key = hash((key, tuple(ids[b * block : (b + 1) * block])))
+            hit = hit and key in seen
+            total += block if hit and (b + 1) * block <= len(ids) - 1 else 0
+            seen.add(key)
+    return total
 
 
 def run_side(side: str, work: Path, rep: int, model: Path, settings: dict, env: dict) -> dict:
@@ -292,7 +324,7 @@ def medians(runs: list[dict]) -> dict:
     return out
 
 
-def ratios(median: dict) -> dict:
+def ratios(median: dict, optimum: int) -> dict:
     a, b = median["run_batch"], median["nightshift"]
     if not (a and b):
         return {"error": "a side failed every rep; see runs"}
@@ -301,6 +333,8 @@ def ratios(median: dict) -> dict:
         "cached_tokens_nightshift_over_run_batch": b["cached_tokens"] / max(1, a["cached_tokens"]),
         "cached_share_run_batch": a["cached_tokens"] / max(1, a["prompt_tokens"]),
         "cached_share_nightshift": b["cached_tokens"] / max(1, b["prompt_tokens"]),
+        "cached_of_optimum_run_batch": a["cached_tokens"] / max(1, optimum),
+        "cached_of_optimum_nightshift": b["cached_tokens"] / max(1, optimum),
     }
 
 
@@ -312,6 +346,9 @@ NOTES = [
     "errors file; both counted",
     "json_schema_answers_valid: answers of the response_format requests that parse as JSON "
     "with exactly the schema's keys",
+    "optimum_cached_tokens: per request, the whole 128-token KV blocks its chat prompt "
+    "shares with an earlier request (at most len - 1 tokens); no order caches more",
+    "answers_agree: requests whose answer text is the same on both sides (temperature 0)",
     "timings are noisy on a shared 2-core machine; token counts are not",
 ]
 
@@ -349,9 +386,11 @@ def main() -> None:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         workload = write_input(work / "batch-in.jsonl", model, args)
+        workload["optimum_cached_tokens"] = optimum_cached(work / "batch-in.jsonl", model)
         for rep in range(args.reps):
             for side in args.sides if rep % 2 == 0 else args.sides[::-1]:
                 runs.append(run_side(side, work, rep, model, settings, env))
+        same = agreement(work) if len(args.sides) == 2 else None
         commands = {
             "run_batch": run_batch_command(settings, model, Path("IN"), Path("OUT")),
             "nightshift": nightshift_command(settings, model, Path("IN"), Path("OUT"), Path("ERR")),
@@ -366,7 +405,8 @@ def main() -> None:
         "commands": {k: [str(x) for x in v] for k, v in commands.items()},
         "reps": args.reps,
         "medians": median,
-        "ratios": ratios(median),
+        "ratios": ratios(median, workload["optimum_cached_tokens"]),
+        "answers_agree": same,
         "runs": runs,
         "notes": NOTES,
     }
