@@ -52,8 +52,15 @@ def mark_cancelling(batches: BatchStore, batch_id: str) -> dict[str, Any] | None
     return batches.update_batch(batch_id, change)
 
 
-def finish(batches: BatchStore, record: dict[str, Any], counts: dict | None, how: str) -> None:
-    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why"."""
+def finish(
+    batches: BatchStore,
+    record: dict[str, Any],
+    counts: dict | None,
+    how: str,
+    errors: list[dict[str, Any]] | None = None,
+) -> None:
+    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why";
+    ``errors`` (OpenAI's ``{code, message, line, param}``) say why it failed, if given."""
     batch_id, now = record["id"], int(time.time())
     if counts is not None:
         batches.update_batch(
@@ -79,7 +86,7 @@ def finish(batches: BatchStore, record: dict[str, Any], counts: dict | None, how
         if how.startswith("failed"):
             message = how.partition(": ")[2] or "the batch failed"
             r.update(status="failed", failed_at=now)
-            r["errors"] = [{"code": "batch_failed", "message": message}]
+            r["errors"] = errors or [{"code": "batch_failed", "message": message}]
         else:
             r.update(status=how, **{f"{how}_at": now})
         return r
