@@ -457,3 +457,35 @@ def test_batches_that_cannot_run_fail_validating_and_queued_cancels_end_at_once(
     with pytest.raises(openai.AuthenticationError):
         server.openai("sk-wrong").batches.list()
     assert KEY not in server.log.read_text() and "sk-wrong" not in server.log.read_text()
+
+
+def test_a_server_killed_while_finalizing_finishes_each_batch_once_in_order(serve):
+    """SIGKILLed after a batch's job ended, as it writes the results, with another batch
+    queued: the next start finalizes the first again (same files) and runs the second."""
+    server = serve(*FAKE, env={"NIGHTSHIFT_CRASH_AT": "batch.finalizing"})
+    client = server.openai()
+    first = openai_batch(client, [chat_line(f"a-{i}", f"hi {i}", max_tokens=4) for i in range(8)])
+    second = openai_batch(client, [chat_line(f"b-{i}", f"yo {i}", max_tokens=4) for i in range(4)])
+    assert server.proc.wait(120) == -signal.SIGKILL
+    server.env = {}
+    server.start()
+    client = server.openai()
+    done = [finished(client, b.id) for b in (first, second)]
+    assert [b.status for b in done] == ["completed", "completed"]
+    assert done[0].completed_at <= done[1].in_progress_at  # first in, first out
+    for batch, prefix, n in ((done[0], "a", 8), (done[1], "b", 4)):
+        ids = [x["custom_id"] for x in output_lines(client, batch.output_file_id)]
+        assert sorted(ids) == sorted(f"{prefix}-{i}" for i in range(n))
+        assert batch.request_counts.completed == n and batch.error_file_id is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "gpu-box.example.com"])
+def test_a_host_beyond_loopback_needs_a_key(host):
+    from nightshift.batch.server import check_exposure
+    from nightshift.errors import UserError
+
+    with pytest.raises(UserError, match="API key"):
+        check_exposure(host, None)
+    check_exposure(host, "sk-some-key")
+    for loopback in ("127.0.0.1", "::1", "localhost"):
+        check_exposure(loopback, None)

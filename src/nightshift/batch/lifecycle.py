@@ -13,6 +13,7 @@ from typing import Any
 
 from nightshift.batch.store import BatchStore, new_id, next_seq
 from nightshift.errors import ObjectNotFound
+from nightshift.faults import crash_point
 
 DAY_S = 24 * 3600
 
@@ -66,6 +67,7 @@ def finish(
         batches.update_batch(
             batch_id, lambda r: {**r, "status": "finalizing", "finalizing_at": now}
         )
+        crash_point("batch.finalizing")  # a kill now: the next start finalizes it again
     results = _result_files(batches, record)
     canceled = _canceled_file(batches, record, results) if how == "cancelled" else None
 
