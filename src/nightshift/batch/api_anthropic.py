@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
@@ -35,9 +36,10 @@ def anthropic_router(state: ServerState) -> APIRouter:
         lines = _request_lines(body.get("requests"), state.settings.max_lines)
         batch_id = new_id("msgbatch")
         data = ("\n".join(lines) + "\n").encode()
-        state.batches.store.put_bytes(state.batches.input_key(batch_id), data)
+        key = state.batches.input_key(batch_id)  # the store may be a bucket: off the loop
+        await run_in_threadpool(state.batches.store.put_bytes, key, data)
         record = new_record("anthropic", batch_id, len(lines), endpoint="/v1/messages")
-        state.batches.put_batch(record)
+        await run_in_threadpool(state.batches.put_batch, record)
         state.queue.wake()
         return message_batch(record, request)
 
@@ -59,7 +61,7 @@ def anthropic_router(state: ServerState) -> APIRouter:
             raise ApiError(409, f"batch {batch_id} has ended: nothing to cancel")
         record = mark_cancelling(state.batches, batch_id) or record
         state.queue.cancel(batch_id)
-        return message_batch(record, request)
+        return message_batch(state.batches.batch(batch_id) or record, request)
 
     @router.get("")
     def list_batches(

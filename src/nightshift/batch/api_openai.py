@@ -12,12 +12,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState, count_lines
-from nightshift.batch.store import file_object, new_id, valid_id
+from nightshift.batch.store import UNFINISHED, file_object, new_id, valid_id
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 _CHUNK = 1 << 20
@@ -37,7 +38,7 @@ def openai_router(state: ServerState) -> APIRouter:
         file_id = new_id("file")
         size = await _save_upload(state, upload, file_id)
         meta = file_object(file_id, size, upload.filename or "upload.jsonl", "batch")
-        state.batches.put_file_meta(meta)
+        await run_in_threadpool(state.batches.put_file_meta, meta)
         return meta
 
     @router.get("/files/{file_id}")
@@ -50,6 +51,29 @@ def openai_router(state: ServerState) -> APIRouter:
         content = state.batches.file_content(file_id)
         return Response(content, media_type="application/jsonl")
 
+    @router.get("/files")
+    def list_files(
+        purpose: str | None = None,
+        limit: int = 10_000,
+        order: str = "desc",
+        after: str | None = None,
+    ) -> dict:
+        if not 1 <= limit <= 10_000:
+            raise ApiError(400, "limit must be between 1 and 10000", param="limit")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
+        metas = [m for m in state.batches.files() if purpose in (None, m["purpose"])]
+        return _list_page(metas if order == "asc" else metas[::-1], after, limit, "file")
+
+    @router.delete("/files/{file_id}")
+    def delete_file(file_id: str) -> dict:
+        _file(state, file_id)
+        for record in state.batches.batches("batch"):
+            if record["input_file_id"] == file_id and record["status"] in UNFINISHED:
+                raise ApiError(409, f"file {file_id} is the input of {record['id']}, unfinished")
+        state.batches.delete_file(file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
     @router.post("/batches")
     async def create(request: Request) -> dict:
         body = await state.json_body(request)
@@ -61,10 +85,8 @@ def openai_router(state: ServerState) -> APIRouter:
             raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
         if body.get("completion_window", "24h") != "24h":
             raise ApiError(400, "completion_window must be '24h'", param="completion_window")
-        metadata = body.get("metadata")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise ApiError(400, "metadata must be an object", param="metadata")
-        total = count_lines(state.batches.file_content(input_id))
+        metadata = _metadata(body.get("metadata"))
+        total = await run_in_threadpool(_count_requests, state, input_id)
         record = new_record(
             "openai",
             new_id("batch"),
@@ -74,7 +96,7 @@ def openai_router(state: ServerState) -> APIRouter:
             completion_window="24h",
             metadata=metadata,
         )
-        state.batches.put_batch(record)
+        await run_in_threadpool(state.batches.put_batch, record)
         state.queue.wake()
         return batch_object(record, state)
 
@@ -89,22 +111,14 @@ def openai_router(state: ServerState) -> APIRouter:
             raise ApiError(409, f"cannot cancel a batch that is {record['status']}")
         record = mark_cancelling(state.batches, batch_id) or record
         state.queue.cancel(batch_id)
-        return batch_object(record, state)
+        return batch_object(state.batches.batch(batch_id) or record, state)
 
     @router.get("/batches")
     def list_batches(after: str | None = None, limit: int = 20) -> dict:
         if not 1 <= limit <= 100:
             raise ApiError(400, "limit must be between 1 and 100", param="limit")
-        records = list(reversed(state.batches.batches("batch")))
-        page = _after(records, after, limit)
-        data = [batch_object(r, state) for r in page]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": bool(page) and page[-1] is not records[-1],
-        }
+        records = [batch_object(r, state) for r in reversed(state.batches.batches("batch"))]
+        return _list_page(records, after, limit, "batch")
 
     @router.get("/models")
     def models() -> dict:
@@ -114,6 +128,13 @@ def openai_router(state: ServerState) -> APIRouter:
             for name in state.settings.model_names()
         ]
         return {"object": "list", "data": data}
+
+    @router.get("/models/{name:path}")
+    def model(name: str) -> dict:
+        found = [m for m in models()["data"] if m["id"] == name]
+        if not found:
+            raise ApiError(404, f"no such model: {name[:80]!r}", param="model")
+        return found[0]
 
     return router
 
@@ -128,7 +149,7 @@ def batch_object(record: dict[str, Any], state: ServerState) -> dict[str, Any]:
         "model": state.settings.model_names()[0],
         "errors": None
         if not errors
-        else {"object": "list", "data": [{**e, "line": None, "param": None} for e in errors]},
+        else {"object": "list", "data": [{"line": None, "param": None, **e} for e in errors]},
         "input_file_id": record["input_file_id"],
         "completion_window": record["completion_window"],
         "status": record["status"],
@@ -146,6 +167,27 @@ def batch_object(record: dict[str, Any], state: ServerState) -> dict[str, Any]:
     }
 
 
+def _metadata(metadata: object) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 string keys (64 chars) to string values (512)."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise ApiError(400, "metadata must be an object of at most 16 pairs", "metadata")
+    for key, value in metadata.items():
+        if len(key) > 64 or not isinstance(value, str) or len(value) > 512:
+            raise ApiError(
+                400,
+                f"metadata.{key[:64]}: keys are strings of at most 64 characters, "
+                "values strings of at most 512",
+                f"metadata.{key[:64]}",
+            )
+    return metadata
+
+
+def _count_requests(state: ServerState, file_id: str) -> int:
+    return count_lines(state.batches.file_content(file_id))
+
+
 def _usage(usage: dict[str, int]) -> dict[str, Any]:
     return {
         "input_tokens": usage["input"],
@@ -156,14 +198,23 @@ def _usage(usage: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _after(records: list[dict], after: str | None, limit: int) -> list[dict]:
-    if after is None:
-        return records[:limit]
-    if not valid_id("batch", after):
-        raise ApiError(400, "after must be a batch id", param="after")
-    ids = [r["id"] for r in records]
-    start = ids.index(after) + 1 if after in ids else len(ids)
-    return records[start : start + limit]
+def _list_page(objects: list[dict], after: str | None, limit: int, kind: str) -> dict:
+    """One page of a list, OpenAI's cursor pagination: the ``limit`` objects after the
+    one with id ``after``."""
+    start = 0
+    if after is not None:
+        if not valid_id(kind, after):
+            raise ApiError(400, f"after must be a {kind} id", param="after")
+        ids = [o["id"] for o in objects]
+        start = ids.index(after) + 1 if after in ids else len(ids)
+    data = objects[start : start + limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + limit < len(objects),
+    }
 
 
 def _file(state: ServerState, file_id: object, param: str = "file_id") -> dict:
@@ -206,5 +257,6 @@ async def _save_upload(state: ServerState, upload: UploadFile, file_id: str) -> 
                 413, f"the file is over {limits.max_lines} lines", "file", "file_too_large"
             )
         temp.flush()
-        state.batches.store.put_file(state.batches.file_key(file_id), Path(temp.name))
+        key = state.batches.file_key(file_id)  # the store may be a bucket: off the loop
+        await run_in_threadpool(state.batches.store.put_file, key, Path(temp.name))
     return size

@@ -111,4 +111,54 @@ def outcome_counts(outcome: Any) -> dict[str, int]:
     """``BatchOutcome`` (or ``write_outputs``' counts) as the numbers a record keeps."""
     names = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens")
     counts = {name: int(getattr(outcome, name)) for name in names}
-    return {"total": int(getattr(outcome, "total", None) or outcome.lines), **counts}
+    total = outcome.total if hasattr(outcome, "total") else outcome.lines
+    return {"total": int(total), **counts}
+
+
+def input_problems(batches: BatchStore, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Why an OpenAI batch's input cannot run at all (OpenAI fails such a batch while
+    validating, with ``errors``): an empty file, a file with no JSON line, or a file
+    whose requests are for another endpoint than the batch's. Single bad lines are not
+    problems here: they get their lines in the errors file."""
+    import json
+
+    from nightshift.batch.openai import OpenAIParser
+    from nightshift.batch.records import BadRequest
+
+    if record["provider"] != "openai":
+        return []
+    parser, lines, objects = OpenAIParser(), 0, 0
+    for number, raw in enumerate(batches.file_content(record["input_file_id"]).splitlines(), 1):
+        if not raw.strip():
+            continue
+        lines += 1
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(line, dict):
+            continue
+        objects += 1
+        try:
+            parser.parse(line, number)
+        except BadRequest:
+            continue
+        if parser.endpoint is not None:  # the endpoint the file's requests are run as
+            if parser.endpoint == record["endpoint"]:
+                return []
+            message = (
+                f"line {number}: url {parser.endpoint!r} does not match the batch's "
+                f"endpoint {record['endpoint']!r}; every request must be for it"
+            )
+            return [_problem("mismatched_endpoint", message, number, "url")]
+    if lines == 0:
+        message = "the input file is empty: a batch needs at least one request"
+        return [_problem("empty_file", message)]
+    if objects == 0:
+        message = "the input file is not JSONL: no line is a JSON object"
+        return [_problem("invalid_json_line", message, 1)]
+    return []
+
+
+def _problem(code: str, message: str, line: int | None = None, param: str | None = None):
+    return {"code": code, "message": message, "line": line, "param": param}

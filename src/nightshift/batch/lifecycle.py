@@ -13,6 +13,7 @@ from typing import Any
 
 from nightshift.batch.store import BatchStore, new_id, next_seq
 from nightshift.errors import ObjectNotFound
+from nightshift.faults import crash_point
 
 DAY_S = 24 * 3600
 
@@ -52,13 +53,21 @@ def mark_cancelling(batches: BatchStore, batch_id: str) -> dict[str, Any] | None
     return batches.update_batch(batch_id, change)
 
 
-def finish(batches: BatchStore, record: dict[str, Any], counts: dict | None, how: str) -> None:
-    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why"."""
+def finish(
+    batches: BatchStore,
+    record: dict[str, Any],
+    counts: dict | None,
+    how: str,
+    errors: list[dict[str, Any]] | None = None,
+) -> None:
+    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why";
+    ``errors`` (OpenAI's ``{code, message, line, param}``) say why it failed, if given."""
     batch_id, now = record["id"], int(time.time())
     if counts is not None:
         batches.update_batch(
             batch_id, lambda r: {**r, "status": "finalizing", "finalizing_at": now}
         )
+        crash_point("batch.finalizing")  # a kill now: the next start finalizes it again
     results = _result_files(batches, record)
     canceled = _canceled_file(batches, record, results) if how == "cancelled" else None
 
@@ -79,7 +88,7 @@ def finish(batches: BatchStore, record: dict[str, Any], counts: dict | None, how
         if how.startswith("failed"):
             message = how.partition(": ")[2] or "the batch failed"
             r.update(status="failed", failed_at=now)
-            r["errors"] = [{"code": "batch_failed", "message": message}]
+            r["errors"] = errors or [{"code": "batch_failed", "message": message}]
         else:
             r.update(status=how, **{f"{how}_at": now})
         return r

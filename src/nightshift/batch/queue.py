@@ -22,21 +22,32 @@ from typing import Any
 
 from nightshift.batch.execute import JobStopped
 from nightshift.batch.store import UNFINISHED, BatchStore
+from nightshift.errors import UserError
 from nightshift.pipelines import stops
 from nightshift.running.engines import warm_engines
 
 log = logging.getLogger(__name__)
 Runner = Callable[[dict[str, Any]], dict[str, int]]
-Finisher = Callable[[dict[str, Any], dict[str, int] | None, str], None]
+Finisher = Callable[..., None]  # (record, counts | None, how, errors=None)
+Validator = Callable[[dict[str, Any]], list[dict[str, Any]]]  # a record's input problems
 
 
 class BatchQueue:
     """Runs unfinished batch records in ``seq`` order in one thread. ``run`` runs a
     record's job; ``finish(record, counts, status)`` writes its end state."""
 
-    def __init__(self, batches: BatchStore, run: Runner, finish: Finisher, poll_s: float = 1.0):
+    def __init__(
+        self,
+        batches: BatchStore,
+        run: Runner,
+        finish: Finisher,
+        poll_s: float = 1.0,
+        validate: Validator | None = None,
+    ):
         self.batches, self._run, self._finish, self.poll_s = batches, run, finish, poll_s
+        self._validate = validate or (lambda record: [])
         self.current: str | None = None
+        self._claim = threading.Lock()  # the worker taking a batch vs a cancel ending it
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._stop_wanted = threading.Event()  # stop the current run (cancel or shutdown)
@@ -49,9 +60,15 @@ class BatchQueue:
         self._wake.set()
 
     def cancel(self, batch_id: str) -> None:
-        """The record is marked cancelling already: stop its job if it is running."""
-        if self.current == batch_id:
-            self._stop_wanted.set()
+        """The record is marked cancelling already: stop its job if it is running; one
+        still waiting in the queue ends cancelled now, not once those before it ran."""
+        with self._claim:
+            if self.current == batch_id:
+                self._stop_wanted.set()
+            else:
+                record = self.batches.batch(batch_id)
+                if record and record["status"] == "cancelling" and not record["in_progress_at"]:
+                    self._finish(record, None, "cancelled")
         self._wake.set()
 
     def shutdown(self, timeout: float) -> None:
@@ -88,15 +105,32 @@ class BatchQueue:
         ]
         return min(waiting, key=lambda r: (r["seq"], r["id"]), default=None)
 
+    def _claimed(self, batch_id: str) -> dict[str, Any] | None:
+        """The record, marked running and current; None if it needs no run (it ended,
+        or it was cancelled or failed validation before it started)."""
+        record = self.batches.batch(batch_id)
+        problems = self._validate(record) if record and record["status"] == "validating" else []
+        with self._claim:
+            record = self.batches.batch(batch_id)  # a cancel may have come meanwhile
+            if record is None or record["status"] not in UNFINISHED:
+                return None
+            if record["status"] == "cancelling" and not record["in_progress_at"]:
+                self._finish(record, None, "cancelled")  # never started: nothing to stop
+                return None
+            if problems and record["status"] == "validating":
+                self._finish(record, None, f"failed: {problems[0]['message']}", problems)
+                return None
+            record = self._mark_running(batch_id) or record
+            self.current = batch_id
+            self._stop_wanted.clear()
+            if record["status"] == "cancelling":
+                self._stop_wanted.set()  # a cancel of the run resumed now
+            return record
+
     def _run_one(self, record: dict[str, Any]) -> None:
-        if record["status"] == "cancelling" and record.get("in_progress_at") is None:
-            self._finish(record, None, "cancelled")  # never started: nothing to stop
+        record = self._claimed(record["id"])
+        if record is None:
             return
-        record = self._mark_running(record["id"]) or record
-        self.current = record["id"]
-        self._stop_wanted.clear()
-        if self.batches.batch(record["id"])["status"] == "cancelling":
-            self._stop_wanted.set()  # cancelled between the read and now
         watcher = _StopWatcher(self._stop_wanted)
         try:
             counts = self._run(record)
@@ -105,8 +139,13 @@ class BatchQueue:
         except Exception as exc:
             if self._closing.is_set():
                 return  # stopped by the shutdown: resumes at the next start
-            log.warning("batch %s failed: %s", record["id"], exc)
-            self._finish(record, None, f"failed: {exc}")
+            if isinstance(exc, UserError):
+                log.warning("batch %s failed: %s", record["id"], exc)
+                why = str(exc)
+            else:  # a bug: its traceback goes to the log, not to the client
+                log.exception("batch %s failed", record["id"])
+                why = "the batch's job failed unexpectedly; the server's log says why"
+            self._finish(record, None, f"failed: {why}")
             return
         finally:
             watcher.done()

@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from nightshift.batch.api_anthropic import anthropic_router
 from nightshift.batch.api_openai import openai_router
-from nightshift.batch.execute import ServeSettings, run_record
+from nightshift.batch.execute import ServeSettings, input_problems, run_record
 from nightshift.batch.http import BodyLimit, install_error_handlers
 from nightshift.batch.lifecycle import finish
 from nightshift.batch.queue import BatchQueue
@@ -59,6 +59,7 @@ def create_app(settings: ServeSettings, run=None) -> FastAPI:
         batches,
         run or partial(run_record, batches, settings=settings),
         partial(finish, batches),
+        validate=partial(input_problems, batches),
     )
     state = ServerState(settings, batches, queue)
 

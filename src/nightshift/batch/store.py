@@ -69,6 +69,22 @@ class BatchStore:
     def file_content(self, file_id: str) -> bytes:
         return self.store.get_bytes(self.file_key(file_id))
 
+    def files(self) -> list[dict[str, Any]]:
+        """Every File object, oldest first."""
+        metas = []
+        for key in self.store.list("files/"):
+            name = key.removeprefix("files/").removesuffix(".json")
+            if key.endswith(".json") and valid_id("file", name):
+                meta = self._get_json(key)
+                if meta is not None:
+                    metas.append(meta)
+        return sorted(metas, key=lambda m: (m["created_at"], m["id"]))
+
+    def delete_file(self, file_id: str) -> None:
+        """Its metadata first: a file is gone once its File object is."""
+        self.store.delete([f"files/{_checked('file', file_id)}.json"])
+        self.store.delete([self.file_key(file_id)])
+
     def register_output(self, file_id: str, purpose: str, filename: str) -> dict | None:
         """The File object of a result ``run_batch`` wrote, or None if it wrote none."""
         meta = self.file_meta(file_id)
