@@ -20,6 +20,7 @@ from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.engines.processes import engine_cores_die_with_this_process, kill_process_tree
 from nightshift.engines.stall import StallWatch
 from nightshift.engines.vllm_outputs import ParamsCache, _result
 from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
@@ -265,22 +266,6 @@ def _engine_pids(llm: Any) -> list[int]:
     return [p.pid for p in getattr(manager, "processes", None) or [] if p.pid]
 
 
-def kill_process_tree(pids: list[int]) -> None:
-    """SIGKILL each process and all its descendants (children first: none is left
-    orphaned). A SIGSTOPped process dies too."""
-    import psutil
-
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            tree = [*root.children(recursive=True), root]
-        except psutil.NoSuchProcess:
-            continue
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-
-
 def _wake_reader_when_engine_dies(llm: Any, alive: threading.Event) -> None:
     """vLLM's synchronous client waits on its output queue forever if the engine process
     dies: its monitor thread marks the engine dead but never wakes that reader (the
@@ -307,6 +292,7 @@ def _wake_reader_when_engine_dies(llm: Any, alive: threading.Event) -> None:
 def _start_llm(args: dict[str, Any]) -> Any:
     from vllm import LLM
 
+    engine_cores_die_with_this_process()  # no EngineCore outlives a CLI killed alone
     try:
         return LLM(**args)
     except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
