@@ -4,7 +4,8 @@ messages, system, temperature, top_p, stop_sequences, ...}}``.
 ``system`` (a string or text blocks) becomes the conversation's first, system turn;
 content is a string or text blocks (joined; ``cache_control`` is accepted and means
 nothing here: the prefix cache serves shared prefixes anyway). Tools, images, documents,
-thinking, ``top_k`` and ``stream: true`` are bad lines naming the parameter.
+thinking, ``top_k``, ``stream: true`` and a final assistant turn (a prefill: nightshift
+answers in a new turn, never continues one) are bad lines naming the parameter.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class AnthropicParser:
                     "unsupported_parameter",
                     f"params.{key}",
                 )
+        if params.messages[-1].role == "assistant":
+            last = len(params.messages) - 1
+            raise BadRequest(
+                f"params.messages[{last}]: a final assistant turn (a prefill, to be "
+                "continued) is not supported; end the conversation with a user turn",
+                "unsupported_parameter",
+                f"params.messages[{last}]",
+            )
         turns = [_turn(m, i) for i, m in enumerate(params.messages)]
         if params.system:
             turns.insert(0, {"role": "system", "content": _text(params.system, "params.system")})
