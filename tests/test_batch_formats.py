@@ -181,7 +181,7 @@ def test_anthropic_lines(tmp_path):
     bad_lines = [
         {"custom_id": "s", "params": {**params, "stream": True}},
         {"custom_id": "t", "params": {**params, "tools": [{"name": "x"}]}},
-        {"custom_id": "k", "params": {**params, "top_k": 5}},
+        {"custom_id": "k", "params": {**params, "thinking": {"type": "enabled"}}},
         {
             "custom_id": "i",
             "params": {**params, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
@@ -391,3 +391,24 @@ def test_the_errors_file_is_written_before_output(tmp_path, monkeypatch):
     monkeypatch.setattr(output, "put", lambda path, url: order.append(Path(url).name))
     write_outputs(CTX, "openai", iter([]), str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
     assert order == ["e.jsonl", "o.jsonl"]
+
+
+def test_anthropic_top_k_is_honoured(tmp_path):
+    """Anthropic's top_k (vLLM has it too) becomes the record's own top_k, down to the
+    engine's SamplingParams; a job without one keeps its cache scope."""
+    from nightshift.engines.base import Sampling
+    from nightshift.engines.vllm_outputs import ParamsCache
+    from nightshift.jobs.sampling import merge_sampling, parse_record_sampling
+    from nightshift.scheduling.cachescope import cache_scope
+
+    line = {"custom_id": "k", "params": {"max_tokens": 4, "messages": USER, "top_k": 5}}
+    rows, bad = parse(tmp_path, [line], AnthropicParser())
+    assert not bad and json.loads(rows[0]["sampling"])["top_k"] == 5
+    job = Sampling(max_tokens=8, temperature=1.0)
+    merged = merge_sampling(job, parse_record_sampling(rows[0]["sampling"]))
+    assert merged.top_k == 5 and ParamsCache(job).get(merged).top_k == 5
+    assert "top_k" not in cache_scope({}, job)["sampling"]
+    rows, bad = parse(
+        tmp_path, [{**line, "params": {**line["params"], "top_k": -1}}], AnthropicParser()
+    )
+    assert bad[1].param == "params.top_k"
