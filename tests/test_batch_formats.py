@@ -181,7 +181,7 @@ def test_anthropic_lines(tmp_path):
     bad_lines = [
         {"custom_id": "s", "params": {**params, "stream": True}},
         {"custom_id": "t", "params": {**params, "tools": [{"name": "x"}]}},
-        {"custom_id": "k", "params": {**params, "top_k": 5}},
+        {"custom_id": "k", "params": {**params, "thinking": {"type": "enabled"}}},
         {
             "custom_id": "i",
             "params": {**params, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
@@ -354,3 +354,61 @@ def test_files_are_in_input_order_with_bad_lines_where_they_stood(tmp_path):
     again = tmp_path / "again.jsonl"
     write_outputs(CTX, "openai", iter(answered), str(again), str(tmp_path / "e2.jsonl"))
     assert again.read_bytes() == out.read_bytes()  # the same answers, the same bytes
+
+
+def test_an_anthropic_line_without_a_usable_custom_id_still_validates():
+    """The SDK's type requires a string: a line with no usable custom_id gets "" (never a
+    real id: empty ones are refused), its message naming the line."""
+    bad = Answer(False, code="missing_custom_id", message="line 7: no custom_id")
+    line = anthropic_line(Context("k", 1, "anthropic"), None, 7, None, bad)
+    parsed = MessageBatchIndividualResponse.model_validate(line)
+    assert parsed.custom_id == "" and "line 7" in parsed.result.error.error.message
+
+
+def test_usage_holds_the_providers_detail_fields():
+    body = openai_line(CTX, "a", 1, "tiny", Answer(True, ok_row()))["response"]["body"]
+    assert body["choices"][0]["message"]["annotations"] == []
+    details = ChatCompletion.model_validate(body).usage.completion_tokens_details
+    assert details.reasoning_tokens == 0 and details.audio_tokens == 0
+    message = anthropic_line(Context("k", 1, "anthropic"), "a", 1, "t", Answer(True, ok_row()))
+    usage = MessageBatchIndividualResponse.model_validate(message).result.message.usage
+    assert usage.service_tier == "batch" and usage.cache_creation.ephemeral_5m_input_tokens == 0
+
+
+def test_an_anthropic_prefill_is_refused_not_answered_as_a_new_turn(tmp_path):
+    prefill = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer"}]
+    line = {"custom_id": "p", "params": {"max_tokens": 4, "messages": prefill}}
+    rows, bad = parse(tmp_path, [line], AnthropicParser())
+    assert not rows and bad[1].param == "params.messages[1]"
+    assert "assistant turn" in bad[1].message
+
+
+def test_the_errors_file_is_written_before_output(tmp_path, monkeypatch):
+    """OUTPUT is the sign a batch is done: once it exists, ERRORS is whole too."""
+    import nightshift.batch.output as output
+
+    order = []
+    monkeypatch.setattr(output, "put", lambda path, url: order.append(Path(url).name))
+    write_outputs(CTX, "openai", iter([]), str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
+    assert order == ["e.jsonl", "o.jsonl"]
+
+
+def test_anthropic_top_k_is_honoured(tmp_path):
+    """Anthropic's top_k (vLLM has it too) becomes the record's own top_k, down to the
+    engine's SamplingParams; a job without one keeps its cache scope."""
+    from nightshift.engines.base import Sampling
+    from nightshift.engines.vllm_outputs import ParamsCache
+    from nightshift.jobs.sampling import merge_sampling, parse_record_sampling
+    from nightshift.scheduling.cachescope import cache_scope
+
+    line = {"custom_id": "k", "params": {"max_tokens": 4, "messages": USER, "top_k": 5}}
+    rows, bad = parse(tmp_path, [line], AnthropicParser())
+    assert not bad and json.loads(rows[0]["sampling"])["top_k"] == 5
+    job = Sampling(max_tokens=8, temperature=1.0)
+    merged = merge_sampling(job, parse_record_sampling(rows[0]["sampling"]))
+    assert merged.top_k == 5 and ParamsCache(job).get(merged).top_k == 5
+    assert "top_k" not in cache_scope({}, job)["sampling"]
+    rows, bad = parse(
+        tmp_path, [{**line, "params": {**line["params"], "top_k": -1}}], AnthropicParser()
+    )
+    assert bad[1].param == "params.top_k"

@@ -302,3 +302,44 @@ def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path)
             content = line["response"]["body"]["choices"][0]["message"]["content"]
             if line["response"]["body"]["choices"][0]["finish_reason"] == "stop":
                 assert json.loads(content)["label"] in {"billing", "bug", "other"}
+
+
+def test_a_batch_never_replaces_a_file_it_did_not_write(models, tmp_path):
+    """OUTPUT or ERRORS naming INPUT (or each other), or a file already there when the
+    batch starts, is refused before anything runs; an empty or non-batch INPUT is named."""
+    source = tmp_path / "in.jsonl"
+    openai_file(source, good=2)
+    before = source.read_bytes()
+    model = str(models["chat"])
+    fake = ["run.engine=fake"]
+    with pytest.raises(UserError, match="OUTPUT: .* is INPUT"):
+        run_batch(str(source), str(source), model=model, overrides=fake)
+    with pytest.raises(UserError, match="--errors: .* is INPUT"):
+        run_batch(str(source), str(tmp_path / "o.jsonl"), model=model, errors_url=str(source))
+    with pytest.raises(UserError, match="--errors: .* is OUTPUT"):
+        out = str(tmp_path / "o.jsonl")
+        run_batch(str(source), out, model=model, errors_url=out, overrides=fake)
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("the user's own file\n")
+    with pytest.raises(UserError, match="already exists"):
+        run_batch(str(source), str(taken), model=model, overrides=fake)
+    (tmp_path / "t2.errors.jsonl").write_text("mine\n")
+    with pytest.raises(UserError, match="--errors: .* already exists"):  # the default one
+        run_batch(str(source), str(tmp_path / "t2.jsonl"), model=model, overrides=fake)
+    assert source.read_bytes() == before and taken.read_text() == "the user's own file\n"
+    assert not (tmp_path / "taken.jsonl.nightshift").exists()  # nothing converted
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    (tmp_path / "notes.txt").write_text("just some notes\n[1, 2]\n")
+    for name, problem in [("empty.jsonl", "holds no request"), ("notes.txt", "no line is")]:
+        done = batch_cli(str(tmp_path / name), str(tmp_path / f"{name}.out"), "--model", model)
+        assert done.returncode == 2 and problem in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    empty = batch_cli(
+        str(tmp_path / "empty.jsonl"),
+        str(tmp_path / "e.out"),
+        "--model",
+        model,
+        "--format",
+        "openai",
+    )
+    assert empty.returncode == 2 and "holds no request" in empty.stderr

@@ -1,10 +1,11 @@
 """Anthropic Message Batches input lines: ``{custom_id, params{model, max_tokens,
-messages, system, temperature, top_p, stop_sequences, ...}}``.
+messages, system, temperature, top_p, top_k, stop_sequences, ...}}``.
 
 ``system`` (a string or text blocks) becomes the conversation's first, system turn;
 content is a string or text blocks (joined; ``cache_control`` is accepted and means
 nothing here: the prefix cache serves shared prefixes anyway). Tools, images, documents,
-thinking, ``top_k`` and ``stream: true`` are bad lines naming the parameter.
+thinking, ``stream: true`` and a final assistant turn (a prefill: nightshift
+answers in a new turn, never continues one) are bad lines naming the parameter.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Params(BaseModel):
     system: str | list[dict[str, Any]] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool | None = None
 
@@ -76,6 +78,14 @@ class AnthropicParser:
                     "unsupported_parameter",
                     f"params.{key}",
                 )
+        if params.messages[-1].role == "assistant":
+            last = len(params.messages) - 1
+            raise BadRequest(
+                f"params.messages[{last}]: a final assistant turn (a prefill, to be "
+                "continued) is not supported; end the conversation with a user turn",
+                "unsupported_parameter",
+                f"params.messages[{last}]",
+            )
         turns = [_turn(m, i) for i, m in enumerate(params.messages)]
         if params.system:
             turns.insert(0, {"role": "system", "content": _text(params.system, "params.system")})
@@ -83,6 +93,7 @@ class AnthropicParser:
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            "top_k": params.top_k,
             "stop": params.stop_sequences or None,
         }
         return Request(model=params.model, sampling=sampling, messages=turns)

@@ -2,7 +2,7 @@
 
 Lines come in input order (a bad line where it stood); files are written whole to a
 temp file and put in one step (``ObjectStore.put_file``: a rename locally, one PUT on
-S3), so a reader sees the old file or the new one, never half.
+S3), so a reader sees the old file or the new one, never half; ERRORS before OUTPUT.
 """
 
 from __future__ import annotations
@@ -62,9 +62,11 @@ def write_outputs(
                 else:
                     target = out if answer.ok else err
                     target.write(dumps(openai_line(ctx, custom_id, line, model, answer)))
-        put(out_path, output_url)
+        # ERRORS first: OUTPUT is the sign the batch is done, so once it exists ERRORS is
+        # whole too (a kill between the two leaves no OUTPUT; the rerun writes both).
         if errors_url is not None and fmt != "anthropic":
             put(err_path, errors_url)
+        put(out_path, output_url)
     return done
 
 

@@ -47,6 +47,7 @@ SAMPLING_KEYS = (
     "max_tokens",
     "temperature",
     "top_p",
+    "top_k",
     "seed",
     "stop",
     "n",

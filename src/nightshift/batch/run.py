@@ -90,15 +90,13 @@ def run_batch(
     work = open_store(work_url)
     with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
         source = _local_input(input_url, Path(tmp))
-        marker = _converted(work, source, fmt, served, input_url, work_url, Path(tmp))
-        if marker["format"] == "anthropic":
-            if errors_url:
-                raise UserError(
-                    "--errors: an Anthropic batch's results hold every request, errored "
-                    "ones too, in OUTPUT; leave --errors out"
-                )
-        else:
-            errors_url = errors_url or default_errors_url(output_url)
+        marker = _found(work, source, fmt, served, input_url, work_url)
+        fmt = marker["format"] if marker else _detect(source, input_url, fmt)
+        errors_url = _errors_url(fmt, errors_url, output_url)
+        _distinct(input_url, output_url, errors_url)
+        if marker is None:  # a new batch: it replaces no file it did not write
+            _absent(output_url, errors_url, work_url)
+            marker = _convert(work, source, fmt, served, input_url, Path(tmp))
         outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
         outcome.format = marker["format"]
         if marker["records"]:
@@ -168,25 +166,25 @@ def _local_input(input_url: str, tmp: Path) -> Path:
     return path
 
 
-def _converted(
-    work: ObjectStore,
-    source: Path,
-    fmt: str,
-    served: list[str],
-    input_url: str,
-    work_url: str,
-    tmp: Path,
-) -> dict[str, Any]:
-    """The work folder's batch.json: found (same input, same settings) or made now."""
-    digest = file_digest(source)
+def _found(
+    work: ObjectStore, source: Path, fmt: str, served: list[str], input_url: str, work_url: str
+) -> dict[str, Any] | None:
+    """The work folder's batch.json, checked against this run (same input and settings);
+    None for a new batch."""
     try:
         marker = json.loads(work.get_bytes(MARKER))
     except ObjectNotFound:
-        marker = None
-    if marker is not None:
-        _same_batch(marker, digest, fmt, served, input_url, work_url)
-        return marker
-    parser = _parser(_detect(source) if fmt == "auto" else fmt)
+        return None
+    _same_batch(marker, file_digest(source), fmt, served, input_url, work_url)
+    return marker
+
+
+def _convert(
+    work: ObjectStore, source: Path, fmt: str, served: list[str], input_url: str, tmp: Path
+) -> dict[str, Any]:
+    """Convert a new batch's input into the work folder; its batch.json, written last."""
+    digest = file_digest(source)
+    parser = _parser(fmt)
     done = convert(source, parser, served, tmp / "records.parquet")
     if done.sha256 != digest:
         raise UserError(f"INPUT: {input_url} changed while it was read; run again")
@@ -209,6 +207,44 @@ def _converted(
     return marker
 
 
+def _errors_url(fmt: str, errors_url: str | None, output_url: str) -> str | None:
+    if fmt != "anthropic":
+        return errors_url or default_errors_url(output_url)
+    if errors_url:
+        raise UserError(
+            "--errors: an Anthropic batch's results hold every request, errored ones too, "
+            "in OUTPUT; leave --errors out"
+        )
+    return None
+
+
+def _distinct(input_url: str, output_url: str, errors_url: str | None) -> None:
+    """OUTPUT and ERRORS name neither INPUT nor each other (each would replace the other)."""
+    names = {"INPUT": _where(input_url), "OUTPUT": _where(output_url)}
+    given = {"OUTPUT": output_url, "--errors": errors_url}
+    for option, other in (("OUTPUT", "INPUT"), ("--errors", "INPUT"), ("--errors", "OUTPUT")):
+        url = given[option]
+        if url is not None and _where(url) == names[other]:
+            raise UserError(f"{option}: {url} is {other}; write the results to another file")
+
+
+def _where(url: str) -> str:
+    return url.rstrip("/") if url.startswith("s3://") else str(Path(url).expanduser().resolve())
+
+
+def _absent(output_url: str, errors_url: str | None, work_url: str) -> None:
+    """nightshift replaces only files it wrote: a new batch finds no OUTPUT or ERRORS."""
+    for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
+        if url is None:
+            continue
+        parent, _, name = url.rstrip("/").rpartition("/")
+        if open_store(parent or ".").exists(name):
+            raise UserError(
+                f"{option}: {url} already exists, and this batch did not write it (no "
+                f"{work_url}/{MARKER}); remove it or give another file"
+            )
+
+
 def _same_batch(
     marker: dict, digest: str, fmt: str, served: list[str], input_url: str, work_url: str
 ) -> None:
@@ -227,18 +263,32 @@ def _same_batch(
         )
 
 
-def _detect(source: Path) -> str:
+def _detect(source: Path, input_url: str, fmt: str) -> str:
+    """The format of a new batch's input: ``fmt``, or told from its first request line."""
+    found, anything = None, False
     with open(source, "rb") as stream:
         for raw in stream:
+            anything = anything or bool(raw.strip())
             try:
                 line = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(line, dict) and "params" in line:
-                return "anthropic"
-            if isinstance(line, dict) and ("body" in line or "url" in line):
-                return "openai"
-    raise UserError("INPUT: cannot tell its format (no line has body/url or params); pass --format")
+                found = found or "anthropic"
+            elif isinstance(line, dict) and ("body" in line or "url" in line):
+                found = found or "openai"
+            if found and fmt == "auto":
+                break
+    if not anything:
+        raise UserError(f"INPUT: {input_url} holds no request lines (it is empty)")
+    if fmt != "auto":
+        return fmt
+    if found is None:
+        raise UserError(
+            f"INPUT: {input_url}: no line is a batch request (a JSON object with body and "
+            "url, or params); is it a JSONL batch file? --format names its format"
+        )
+    return found
 
 
 def _parser(fmt: str) -> OpenAIParser | AnthropicParser:

@@ -14,6 +14,14 @@ from typing import Any
 from nightshift.batch.openai import CHAT
 from nightshift.batch.results import Answer, choices, request_ids
 
+# What OpenAI writes for a text model: nothing spent on reasoning, audio or predictions.
+COMPLETION_DETAILS = {
+    "reasoning_tokens": 0,
+    "audio_tokens": 0,
+    "accepted_prediction_tokens": 0,
+    "rejected_prediction_tokens": 0,
+}
+
 
 @dataclass(frozen=True)
 class Context:
@@ -62,7 +70,11 @@ def _openai_body(ctx: Context, digest: str, model: str | None, row: dict[str, An
             "prompt_tokens": prompt,
             "completion_tokens": output,
             "total_tokens": prompt + output,
-            "prompt_tokens_details": {"cached_tokens": row["cached_tokens"] or 0},
+            "prompt_tokens_details": {
+                "cached_tokens": row["cached_tokens"] or 0,
+                "audio_tokens": 0,
+            },
+            "completion_tokens_details": dict(COMPLETION_DETAILS),
         },
         "system_fingerprint": None,
     }
@@ -88,7 +100,7 @@ def _chat_choice(index: int, choice: dict[str, Any]) -> dict[str, Any]:
             for t in choice["logprobs"]
         ]
         logprobs = {"content": content, "refusal": None}
-    message = {"role": "assistant", "content": choice["text"], "refusal": None}
+    message = {"role": "assistant", "content": choice["text"], "refusal": None, "annotations": []}
     return {
         "index": index,
         "message": message,
@@ -125,6 +137,9 @@ def anthropic_line(
     ctx: Context, custom_id: str | None, line: int, model: str | None, answer: Answer
 ) -> dict:
     ids = request_ids(ctx.batch_key, custom_id, line)
+    # The SDK's custom_id is a string: "" for a line without a usable one (never a real
+    # id, empty ones are refused); its message names the line.
+    custom_id = custom_id or ""
     if not answer.ok:
         kind = "invalid_request_error" if answer.status == 400 else "api_error"
         error = {
@@ -153,7 +168,9 @@ def anthropic_line(
             "input_tokens": row["prompt_tokens"] - cached,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
             "output_tokens": row["output_tokens"],
+            "service_tier": "batch",
         },
     }
     return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}

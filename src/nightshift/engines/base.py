@@ -37,6 +37,7 @@ class Sampling:
     constraint: Constraint | None = None
     n: int = 1  # answers (choices) per prompt
     logprobs: int | None = None  # None: none; k: each chosen token's and the top k's
+    top_k: int = 0  # sample from the k likeliest tokens; 0: from all (vLLM's default)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ def _sampling_params(sampling: Sampling):
         max_tokens=sampling.max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
         logprobs=sampling.logprobs,

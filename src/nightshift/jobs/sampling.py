@@ -34,6 +34,7 @@ class RecordSampling(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)  # 0: every token (no top-k cut)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch takes
     stop: list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -127,6 +128,7 @@ def merge_sampling(job: Sampling, override: RecordSampling, min_tokens: int = 0)
         max_tokens=max(o.max_tokens, min_tokens) if o.max_tokens is not None else job.max_tokens,
         temperature=o.temperature if o.temperature is not None else job.temperature,
         top_p=o.top_p if o.top_p is not None else job.top_p,
+        top_k=o.top_k if o.top_k is not None else job.top_k,
         seed=o.seed if o.seed is not None else job.seed,
         stop=tuple(o.stop) if o.stop is not None else job.stop,
         n=o.n if o.n is not None else job.n,

@@ -87,7 +87,7 @@ class InputSpec(_Section):
     sampling_column: str | None = Field(
         default=None,
         description="Column of JSON strings, one per record, each overriding the sampling "
-        "section for that record: max_tokens, temperature, top_p, seed, stop, n, "
+        "section for that record: max_tokens, temperature, top_p, top_k, seed, stop, n, "
         "json_schema or json_object (guided decoding), logprobs and top_logprobs. A key "
         "left out or null keeps the job's value. A value that does not parse or is out of "
         "range rejects its record (bad_sampling). Results then gain a detail column (JSON: "
