@@ -124,7 +124,7 @@ def write_input(path: Path, model: Path, args) -> dict:
 def engine_settings(args) -> dict:
     """The one set of engine settings both sides get."""
     return {
-        "dtype": "auto",  # the model's own (bfloat16); batch run's --set has no model.dtype
+        "dtype": args.dtype,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -163,6 +163,7 @@ def run_batch_command(s: dict, model: Path, inp: Path, out: Path) -> list[str]:
 def nightshift_command(s: dict, model: Path, inp: Path, out: Path, errors: Path) -> list[str]:
     keys = {
         "model.max_model_len": s["max_model_len"],
+        "model.dtype": s["dtype"],
         "engine.max_num_seqs": s["max_num_seqs"],
         "engine.max_num_batched_tokens": s["max_num_batched_tokens"],
         "engine.kv_cache_dtype": s["kv_cache_dtype"],
@@ -367,6 +368,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-cache-dtype", default="auto", help="fp8 needs AVX-512 on CPU")
+    p.add_argument("--dtype", default="float32", help="weights: fp32 is fastest on AVX2 CPUs")
     p.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--blocks", type=int, default=48, help="KV blocks (0: as the GiB allow)")
     p.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)

@@ -343,3 +343,18 @@ def test_a_batch_never_replaces_a_file_it_did_not_write(models, tmp_path):
         "openai",
     )
     assert empty.returncode == 2 and "holds no request" in empty.stderr
+
+
+def test_the_weights_dtype_can_be_set_like_the_engine(models, tmp_path):
+    """``--set model.dtype`` (fp32 on CPUs without bf16 units, fp16 on older GPUs)
+    reaches the batch's job spec; sampling keys stay refused."""
+    import yaml
+
+    source = tmp_path / "in.jsonl"
+    openai_file(source, good=3)
+    out = tmp_path / "out.jsonl"
+    overrides = ["run.engine=fake", "model.dtype=float32"]
+    outcome = run_batch(str(source), str(out), model=str(models["chat"]), overrides=overrides)
+    assert outcome.completed == 3
+    job = yaml.safe_load((Path(outcome.work) / "job.yaml").read_text())
+    assert job["model"]["dtype"] == "float32"

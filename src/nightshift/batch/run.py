@@ -41,7 +41,8 @@ MARKER = "batch.json"
 RECORDS = "input/records.parquet"
 BAD_LINES = "input/bad-lines.json"
 JOB_DIR = "job"
-SETTABLE = ("model.max_model_len", "engine.", "plan.", "run.", "cost.")
+SETTABLE_KEYS = ("model.max_model_len", "model.dtype")
+SETTABLE_SECTIONS = ("engine.", "plan.", "run.", "cost.")
 # Defaults for a first run. A request without max_tokens gets DEFAULT_MAX_TOKENS (at most
 # half the context); without temperature/top_p the providers' own defaults, 1 and 1.
 DEFAULT_MAX_TOKENS = 1024
@@ -133,12 +134,13 @@ def default_errors_url(output_url: str) -> str:
 def check_overrides(overrides: list[str]) -> None:
     for item in overrides:
         key = item.partition("=")[0].strip()
-        if key == SETTABLE[0] or key.startswith(SETTABLE[1:]):
+        if key in SETTABLE_KEYS or key.startswith(SETTABLE_SECTIONS):
             continue
         raise SpecError(
             "--set",
             f"{key or repr(item)} cannot be set for a batch",
-            "batch run takes model.max_model_len, engine.*, plan.*, run.* and cost.*; "
+            "batch run takes model.max_model_len, model.dtype, engine.*, plan.*, run.* and "
+            "cost.*; "
             "each request carries its own sampling",
         )
 
