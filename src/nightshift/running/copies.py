@@ -63,7 +63,8 @@ class CopyBook:
         wanted, kept = self.ids(shard), {}
         for batch in self.plans.shard_batches(shard, 4096):
             records = pl.from_arrow(pa.Table.from_batches([batch]))
-            records = records.filter(pl.col(id_column).is_in(list(wanted)))
+            ids = records[id_column].to_list()  # a set lookup each: not the set per batch
+            records = records.filter(pl.Series([i in wanted for i in ids], dtype=pl.Boolean))
             for record_id, row in zip(
                 records[id_column].to_list(), records.select(keep).to_dicts(), strict=True
             ):

@@ -160,8 +160,9 @@ class RequestFeed:
             shard, done = item
             for batch in self.store.shard_batches(shard, REQUEST_BATCH):
                 records = pl.from_arrow(pa.Table.from_batches([batch]))
-                if done:
-                    records = records.filter(~pl.col(self.id_column).is_in(list(done)))
+                if done:  # a set lookup per record: ``done`` can hold a whole shard's ids
+                    left = [i not in done for i in records[self.id_column].to_list()]
+                    records = records.filter(pl.Series(left, dtype=pl.Boolean))
                 if records.height:
                     yield self._encode(shard, records)
             yield ShardEnd(shard)
