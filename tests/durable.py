@@ -90,3 +90,63 @@ def shard_prompts(spec: dict[str, Any]) -> dict[int, set[str]]:
 
 def report(location: str) -> dict[str, Any]:
     return json.loads(JobOutput(location).store.get_bytes("report.json"))
+
+
+def start_until_checkpoint(command: list[str], location: str, timeout: float = 600):
+    """Start ``nightshift COMMAND`` (its own GPU limit, as after a crash) and return the
+    running process once the job in ``location`` holds a checkpoint."""
+    import contextlib
+    import time
+
+    import psutil
+
+    from nightshift.errors import UserError
+    from nightshift.jobs.status import output_status
+
+    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
+    cli = psutil.Popen(
+        [*NIGHTSHIFT, *command, "-q"],
+        env={**os.environ, **limit},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert cli.poll() is None, cli.stderr.read().decode()[-3000:]
+        with contextlib.suppress(UserError):
+            records = output_status(location)["records"]
+            if records["ok"] + records["failed"]:
+                return cli
+        time.sleep(0.2)
+    cli.kill()
+    raise AssertionError("no checkpoint in time")
+
+
+def kill_alone(cli, wait_s: float = 10) -> list[str]:
+    """SIGKILL ``cli`` alone, as the OOM killer does; the names of its child processes
+    still running ``wait_s`` later (killed then, so none leaks into the session). A
+    zombie counts as dead: an orphan's new parent may never reap it."""
+    import contextlib
+    import signal
+    import time
+
+    import psutil
+
+    children = cli.children(recursive=True)
+    names = {c.pid: c.name() for c in children}
+    os.kill(cli.pid, signal.SIGKILL)
+    cli.wait(timeout=30)
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while (left := [p for p in children if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return [names[p.pid] for p in left]

@@ -4,17 +4,14 @@ killed after its first checkpoint."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 from anthropic.types.messages import MessageBatchIndividualResponse
 from openai.types import Completion
@@ -22,10 +19,8 @@ from openai.types.chat import ChatCompletion
 
 from nightshift.batch.run import run_batch
 from nightshift.errors import SpecError, UserError
-from nightshift.jobs.status import output_status
 
-from .durable import generated_prompts
-from .test_workers import kill_with_children
+from .durable import generated_prompts, kill_alone, start_until_checkpoint
 
 pytest_plugins = ["tests.s3server"]
 
@@ -248,35 +243,12 @@ def test_a_batch_from_s3_to_s3(models, tmp_path, s3_env):
     assert json.loads(marker["Body"].read())["records"] == len(good) + 1  # too-long: a plan reject
 
 
-def kill_after_first_checkpoint(args: list[str], job: str, timeout: float = 600) -> None:
-    """Start ``batch run`` and SIGKILL it with its engine processes once the job holds a
-    checkpoint (a process that kills only itself would leave vLLM's engine core behind)."""
-    limit = {"NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"}
-    cli = subprocess.Popen(
-        [*NIGHTSHIFT, "batch", "run", *args, "-q"],
-        env={**os.environ, **limit},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            assert cli.poll() is None, cli.stderr.read().decode()[-3000:]
-            with contextlib.suppress(UserError):
-                records = output_status(job)["records"]
-                if records["ok"] + records["failed"]:
-                    return
-            time.sleep(0.2)
-        raise AssertionError("no checkpoint in time")
-    finally:
-        kill_with_children(psutil.Process(cli.pid))
-        cli.wait(timeout=60)
-
-
 @pytest.mark.engine
 def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path):
     """The holdout's mix (a shared system text, JSON-schema requests, braces and Jinja in
-    the text, bad lines) through vLLM, killed after the first checkpoint, then rerun."""
+    the text, bad lines) through vLLM. The CLI is SIGKILLed alone after the first
+    checkpoint, as the OOM killer does: its engine processes die with it (none is left
+    holding the accelerator), and the rerun answers every line exactly once."""
     source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     good, bad = openai_file(source, good=16)
     args = [
@@ -291,7 +263,9 @@ def test_a_real_engine_batch_killed_after_its_first_checkpoint(models, tmp_path)
         "--set",
         "engine.max_num_seqs=16",
     ]
-    kill_after_first_checkpoint(args, f"{out}.nightshift/job")
+    cli = start_until_checkpoint(["batch", "run", *args], f"{out}.nightshift/job")
+    assert cli.children(recursive=True), "the engine runs in a child process"
+    assert kill_alone(cli) == [], "engine processes outlived the CLI"
     assert not out.exists()
     second = batch_cli(*args, timeout=600)
     assert second.returncode == 0, second.stderr

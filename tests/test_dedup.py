@@ -178,3 +178,22 @@ def test_repeats_and_the_cache_on_the_real_engine(models, tmp_path):
         assert b[f"t{i:03d}"]["text"] == b[_original_of(i)]["text"]
         if f"t{i:03d}" in a:
             assert a[f"t{i:03d}"]["text"] == b[f"t{i:03d}"]["text"]
+
+
+def test_the_predicted_reuse_counts_only_the_prompts_sent(models, tmp_path):
+    """Copies send nothing, so the plan's predicted share of prompt tokens from cache is
+    that of the distinct prompts alone, as vLLM will measure it (it was diluted by every
+    copy's tokens: 400,000 records of 300 tickets predicted 0.0% against 65.6% served)."""
+    from nightshift.scheduling.plan import build_plan, load_encoder
+
+    shared = "The customer writes about the same order again and again. " * 20
+    rows = [{**row, "subject": shared + row["subject"]} for row in _rows()]
+    write_records(tmp_path / "all" / "p.parquet", rows)
+    write_records(tmp_path / "distinct" / "p.parquet", rows[:DISTINCT])
+    specs = [
+        validate_spec(spec_dict(models["chat"], tmp_path / name, tmp_path / f"out-{name}"))
+        for name in ("all", "distinct")
+    ]
+    encoder = load_encoder(specs[0])
+    predicted = [build_plan(s, encoder, progress=False).prefix_reuse["predicted"] for s in specs]
+    assert predicted[0] > 0.5 and predicted[0] == pytest.approx(predicted[1])

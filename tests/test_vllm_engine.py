@@ -19,6 +19,8 @@ from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict
+from .test_record_sampling import SCHEMA as SAMPLING_SCHEMA
+from .test_record_sampling import _detail, _job, _results
 
 pytestmark = pytest.mark.engine
 
@@ -250,3 +252,35 @@ def test_the_prediction_holds_for_a_single_column_and_for_conversations(models, 
 
 
 # The killed-engine test runs through the Prefect flow: tests/test_pipelines.py.
+
+
+def test_vllm_honours_per_record_sampling_and_raw_prompts(models, tmp_path, engine):
+    """Per-record max_tokens, a JSON schema, n=2 and logprobs (``input.sampling_column``);
+    then a raw-text prompt (``prompt.chat_template: false``)."""
+    from transformers import AutoTokenizer
+
+    values = {
+        "short": '{"max_tokens": 2}',
+        "schema": json.dumps({"json_schema": SAMPLING_SCHEMA, "max_tokens": 40}),
+        "two": '{"n": 2, "temperature": 1.0, "seed": 7, "max_tokens": 6}',
+        "logprobs": '{"logprobs": true, "top_logprobs": 2, "max_tokens": 3}',
+    }
+    rows = [{"id": k, "body": f"ticket {k}: the app crashes", "s": v} for k, v in values.items()]
+    run_job(validate_spec(_job(models, tmp_path, rows)), engine=engine, progress=False)
+    results = _results(tmp_path / "out")
+    assert results["short"]["output_tokens"] <= 2
+    assert json.loads(results["schema"]["text"])["priority"] in {"low", "high"}
+    two = _detail(results["two"])
+    assert len(two) == 2
+    assert results["two"]["output_tokens"] == sum(c["output_tokens"] for c in two)
+    logprobs = _detail(results["logprobs"])[0]["logprobs"]
+    assert len(logprobs) == results["logprobs"]["output_tokens"]
+    assert all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in logprobs)
+    assert "".join(t["token"] for t in logprobs) == results["logprobs"]["text"]
+
+    raw = tmp_path / "raw"
+    job = _job(models, raw, rows[:1], prompt={"template": "{body}", "chat_template": False})
+    run_job(validate_spec(job), engine=engine, progress=False)
+    row = _results(raw / "out")["short"]
+    tok = AutoTokenizer.from_pretrained(str(models["chat"]))
+    assert row["prompt_tokens"] == len(tok(rows[0]["body"])["input_ids"])

@@ -170,9 +170,11 @@ def build_plan(
     window = _cache_window(spec, runnable)
     ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
     input_order = predicted_cached(runnable, block, window)
+    # Over the prompts sent, as vLLM measures it: copies send nothing.
+    predicted = reuse_share(ordered["predicted_cached"], ordered["tokens"])
     ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
-        "predicted": reuse_share(ordered["predicted_cached"], ordered["tokens"]),
+        "predicted": predicted,
         "input_order": reuse_share(input_order, runnable["tokens"]),
         "block_size": block,
         "cache_window_records": window,
