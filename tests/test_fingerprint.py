@@ -151,21 +151,28 @@ def test_a_changed_model_file_refuses_the_rerun_and_says_which(model, ticket_dir
     args = [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(spec), "-q"]
     args += ["--set", "run.engine=fake"]
     assert subprocess.run(args, capture_output=True, text=True).returncode == 0
-    edits = {
+    # Each kind of model file is named when it changes; one goes through the command.
+    before = model_identity(str(model))
+    for name, edit in {
         "chat_template.jinja": _edit_template,
         "tokenizer_config.json": _edit_tokenizer,
-        "model.safetensors": _edit_weights,
-    }
-    for name, edit in edits.items():
+    }.items():
         original = (model / name).read_bytes()
         edit(model)
-        refused = subprocess.run(args, capture_output=True, text=True)
-        assert refused.returncode == 2, refused.stderr
-        # The tests' Prefect logs errors to the console; the user's last line is ours.
-        last = refused.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: output.path"), refused.stderr
-        assert f"(model.path files {name} changed)" in last
+        [change] = changed_keys(
+            {"model.identity": before}, {"model.identity": model_identity(str(model))}
+        )
+        assert name in change, change
         (model / name).write_bytes(original)
+    original = (model / "model.safetensors").read_bytes()
+    _edit_weights(model)
+    refused = subprocess.run(args, capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stderr
+    # The tests' Prefect logs errors to the console; the user's last line is ours.
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: output.path"), refused.stderr
+    assert "(model.path files model.safetensors changed)" in last
+    (model / "model.safetensors").write_bytes(original)
     again = subprocess.run(args, capture_output=True, text=True)  # unchanged: resumes
     assert again.returncode == 0 and "0 by this run" in again.stdout, again.stderr
 

@@ -17,7 +17,7 @@ KEY_ENV = "NIGHTSHIFT_API_KEY"
 
 @user_errors
 def serve(
-    model: str = typer.Option(..., "--model", help="The model directory (or hub name) to serve."),
+    model: str = typer.Option(..., "--model", help="The local model folder to serve."),
     store: str = typer.Option(
         ..., "--store", help="Where files, batches and their jobs live: a directory or s3://."
     ),
