@@ -269,22 +269,20 @@ def agreement(work: Path) -> dict:
 
 
 def optimum_cached(path: Path, model: Path, block: int = BLOCK) -> int:
-    """Sum over requests of the whole KV blocks their chat prompt shares with an earlier
-    one (at most len - 1 tokens): what a perfect prefix cache serves, in any order."""
+    """What a perfect prefix cache serves over the requests' chat prompts, in any order
+    (``prefix_order.optimum_cached`` on their token ids)."""
+    from prefix_order import optimum_cached as optimum_of_ids
     from transformers import AutoTokenizer
 
-    tokenizer, seen, total = AutoTokenizer.from_pretrained(model), set(), 0
-    for line in read_lines(path):
-        text = tokenizer.apply_chat_template(
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [
+        tokenizer.apply_chat_template(
             line["body"]["messages"], tokenize=False, add_generation_prompt=True
         )
-        ids, key, hit = tokenizer(text, add_special_tokens=False)["input_ids"], None, True
-        for b in range(len(ids) // block):
-            key = hash((key, tuple(ids[b * block : (b + 1) * block])))
-            hit = hit and key in seen
-            total += block if hit and (b + 1) * block <= len(ids) - 1 else 0
-            seen.add(key)
-    return total
+        for line in read_lines(path)
+    ]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return optimum_of_ids(ids, block)
 
 
 def run_side(side: str, work: Path, rep: int, model: Path, settings: dict, env: dict) -> dict:
