@@ -55,10 +55,12 @@ def test_the_engine_starts_while_the_plan_is_built(models, ticket_dir, tmp_path,
     assert build_began - began < 0.5  # at once, not after the plan
     t = report["time_s"]
     assert t["startup_during_plan"] > 0
-    ran_at_once = min(build_ended - began, t["plan"]) - (build_began - began)
+    plan_written = t["prepare"] + t["plan"]  # on the run's clock
+    ran_at_once = min(build_ended - began, plan_written) - (build_began - began)
     assert t["startup_during_plan"] == pytest.approx(ran_at_once, abs=0.2)
-    # The parts add up: plan + start-up - what ran at once + generation + wrap-up = wall.
-    parts = t["plan"] + t["engine_startup"] - t["startup_during_plan"] + t["generate"]
+    # The parts add up: checks and plan + start-up - what ran at once + generation +
+    # wrap-up = wall.
+    parts = plan_written + t["engine_startup"] - t["startup_during_plan"] + t["generate"]
     assert parts + t["wrap_up"] == pytest.approx(t["total"], abs=0.05)
     assert report["records"]["ok"] == 120
 
@@ -71,7 +73,7 @@ def test_overlap_startup_false_starts_the_engine_only_after_the_plan(
     report = run_job(validate_spec(spec), progress=False).report
     ((build_began, _),) = slow_start
     t = report["time_s"]
-    assert build_began - began >= t["plan"] and t["startup_during_plan"] == 0
+    assert build_began - began >= t["prepare"] + t["plan"] and t["startup_during_plan"] == 0
     assert t["engine_startup"] == pytest.approx(START_S, abs=0.3)
     assert report["records"]["ok"] == 120
 
@@ -121,3 +123,83 @@ def test_engine_output_goes_to_the_log_and_nightshift_lines_to_the_screen(tmp_pa
         assert noise in log.read_text()
     os.write(2, b"after\n")  # the terminal is back
     assert "after" in capfd.readouterr().err
+
+
+@pytest.fixture
+def flow_spec(models, ticket_dir, tmp_path, write_spec):
+    """A fake-engine spec file for the flow; ``sections`` replace whole sections."""
+
+    def make(input_path=ticket_dir, **sections):
+        data = spec_dict(models["chat"], input_path, tmp_path / "out", **sections)
+        data["run"] = {"engine": "fake", **data.get("run", {})}
+        return write_spec(data)
+
+    return make
+
+
+def test_the_head_start_begins_the_engine_before_the_flow_and_the_flow_takes_it(
+    flow_spec, slow_start
+):
+    from nightshift.pipelines.local import run_flow_once
+
+    began = time.perf_counter()
+    report = run_flow_once(str(flow_spec()), None, verbose=True)
+    ((build_began, _),) = slow_start  # one engine: the flow took the head-started one
+    t = report["time_s"]
+    assert t["prepare"] > 0  # the flow's own start-up, counted on the run's clock
+    assert build_began - began < t["prepare"]  # the engine began before planning did
+    assert t["engine_startup"] == pytest.approx(START_S, abs=0.3)  # all of it on the clock
+    parts = t["prepare"] + t["plan"] + t["engine_startup"] - t["startup_during_plan"]
+    assert parts + t["generate"] + t["wrap_up"] == pytest.approx(t["total"], abs=0.05)
+    assert report["records"]["ok"] == 120 and len(ClosingEngine.closed) == 1
+
+
+def test_a_flow_whose_plan_fails_shuts_down_the_head_started_engine(
+    flow_spec, tmp_path, slow_start
+):
+    from nightshift.pipelines.local import run_flow_once
+
+    bad = write_records(tmp_path / "in.parquet", [{"ticket_id": "a", "subject": "s"}])
+    threads = set(threading.enumerate())
+    with pytest.raises(SpecError, match="body"):
+        run_flow_once(str(flow_spec(bad)), None, verbose=True)
+    assert len(slow_start) == 1 and len(ClosingEngine.closed) == 1
+    assert not engines_module._head  # nothing left for the next run to take
+    assert {t for t in threading.enumerate() if t.name.startswith("nightshift")} <= threads
+
+
+def test_no_head_start_for_a_job_with_nothing_left_or_overlap_startup_false(
+    flow_spec, slow_start
+):
+    from nightshift.pipelines.local import run_flow_once
+
+    run_flow_once(str(flow_spec()), None, verbose=True)
+    again = run_flow_once(str(flow_spec()), None, verbose=True)
+    assert len(slow_start) == 1 and again["this_run"]["engine_starts"] == 0
+    began = time.perf_counter()
+    spec = flow_spec(run={"engine": "fake", "overlap_startup": False})
+    late = run_flow_once(str(spec), None, overwrite=True, verbose=True)
+    (_, (late_began, _)) = slow_start
+    t = late["time_s"]
+    assert late_began - began >= t["prepare"] + t["plan"] and t["startup_during_plan"] == 0
+
+
+def test_jobs_run_without_a_server_boots_prefects_temporary_one_during_the_head_start(
+    flow_spec, tmp_path
+):
+    """No PREFECT_API_URL (a newcomer's first run): the head start boots Prefect's
+    temporary server in the background; the flow uses it and the screen stays quiet."""
+    # The session's PREFECT_HOME: its database is migrated already (a fresh one takes
+    # half a minute on two cores).
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    run = subprocess.run(
+        [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(flow_spec())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "120 ok, 0 rejected" in run.stdout
+    assert "start-up" in run.stdout  # the head start's seconds are on the run's clock
+    assert "temporary server" not in run.stdout + run.stderr

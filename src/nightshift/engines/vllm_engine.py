@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 # the engine starts in a thread while a flow runs. Its records propagate to the root
 # logger instead, and so reach the engine log (see nightshift.console).
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+# A closing engine waits this long for its workers to exit on their own before it
+# signals them (vLLM's default, 5 s, is also how long the front end waits for the core,
+# so on CPU hosts every close took the full 5 s and ended in a kill). The signalled
+# workers still run their clean-up; by then every answer is committed.
+os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
 logging.getLogger("vllm").setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
 
 # Metric name -> EngineStats field. Counters sum over label sets (one per engine).
@@ -46,6 +51,13 @@ _HISTOGRAM_SUMS = {
     "vllm:request_prefill_time_seconds": "prefill_seconds",
     "vllm:request_decode_time_seconds": "decode_seconds",
 }
+
+
+def import_vllm() -> None:
+    """Import what starting an engine needs (about 7 s on a small CPU host), so a caller
+    can do it ahead of time in its main thread (``pipelines.headstart``)."""
+    import vllm.entrypoints.llm  # noqa: F401
+    import vllm.v1.engine.core  # noqa: F401
 
 
 def check_engine_extra(extra: dict[str, Any]) -> None:

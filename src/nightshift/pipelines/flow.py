@@ -37,6 +37,7 @@ from nightshift.errors import RunStoppedError, ShardAttemptFailed, ShardsFailedE
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
+from nightshift.pipelines.headstart import clock_start
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
 from nightshift.pipelines.stops import GracefulStop, cancelled_state, graceful_stop
 from nightshift.reports.assemble import finish_run
@@ -132,7 +133,9 @@ def job_flow(
     """Run one nightshift job spec: plan, shards, report. Resumes and adds new records
     when rerun into the same output. ``workers`` > 1 runs the shards in that many
     worker processes on this machine, one engine each (``pipelines.workers``)."""
-    began = time.perf_counter()  # the run's clock: engine start-up may begin before planning
+    # The run's clock: from the head start (``pipelines.headstart``) when this process
+    # set one up, since the engine may have begun starting before the flow.
+    began = clock_start() or time.perf_counter()
     spec = load_spec(spec_path, overrides)
     with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
         engines = EnginePool(spec)

@@ -49,20 +49,26 @@ def run_flow_once(
     """Run the job flow in this process and return its report. Unless ``verbose``, the
     engine's own output goes to a log file (``report["engine_log"]``), not the screen."""
     prefect_defaults(quiet=not verbose)
-    log = None if verbose else engine_log_path(load_spec(spec_path, overrides).output.path)
+    spec = load_spec(spec_path, overrides)
+    log = None if verbose else engine_log_path(spec.output.path)
     with engine_output_to(log) if log else contextlib.nullcontext():
-        from nightshift.pipelines.flow import job_flow  # imports Prefect (and its noise)
+        import prefect  # noqa: F401  (its logging set-up comes before nightshift's handler)
+
+        from nightshift.pipelines.headstart import head_start
 
         _show_nightshift_warnings()
-        report = _unless_stopped(
-            job_flow,
-            spec_path=str(spec_path),
-            overrides=list(overrides or []),
-            overwrite=overwrite,
-            new_run=new_run,
-            progress=progress,
-            workers=workers,
-        )
+        with head_start(spec, overwrite=overwrite, new_run=new_run, workers=workers):
+            from nightshift.pipelines.flow import job_flow  # imported by the head start
+
+            report = _unless_stopped(
+                job_flow,
+                spec_path=str(spec_path),
+                overrides=list(overrides or []),
+                overwrite=overwrite,
+                new_run=new_run,
+                progress=progress,
+                workers=workers,
+            )
     if log:
         report["engine_log"] = str(log)
     return report

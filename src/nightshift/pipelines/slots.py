@@ -41,6 +41,12 @@ def gpus_on_host() -> int:
     return len(list(Path("/dev").glob("nvidia[0-9]*")))
 
 
+def host_takes_slots() -> bool:
+    """Whether a job here holds GPU slots: a machine with GPUs, or one where
+    NIGHTSHIFT_GPU_LIMIT names a limit (CPU engines share the cores)."""
+    return bool(gpus_on_host() or os.environ.get("NIGHTSHIFT_GPU_LIMIT"))
+
+
 def ensure_limit(name: str, slots: int) -> None:
     with get_client(sync_client=True) as client:
         try:
@@ -58,7 +64,7 @@ def gpu_slot(spec: JobSpec) -> Iterator[None]:
     """Hold this job's share of the host's GPUs while the block runs. A machine without
     GPUs has nothing to guard (CPU engines share cores) unless NIGHTSHIFT_GPU_LIMIT
     names a limit."""
-    if not gpus_on_host() and not os.environ.get("NIGHTSHIFT_GPU_LIMIT"):
+    if not host_takes_slots():
         yield
         return
     name, occupy = limit_name(), spec.engine.tensor_parallel_size
@@ -80,7 +86,7 @@ def gpu_slot(spec: JobSpec) -> Iterator[None]:
 def try_gpu_slot(stack: ExitStack, spec: JobSpec) -> bool:
     """Take this job's GPU slots into ``stack`` if they are free now; False if another
     job holds them (the caller plans first, then waits with ``gpu_slot``)."""
-    if not gpus_on_host() and not os.environ.get("NIGHTSHIFT_GPU_LIMIT"):
+    if not host_takes_slots():
         return True
     name, occupy = limit_name(), spec.engine.tensor_parallel_size
     ensure_limit(name, max(gpus_on_host(), occupy, 1))

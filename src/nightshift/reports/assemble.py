@@ -36,7 +36,8 @@ def finish_run(
     ended = job.progress.last_work if job.progress.last_work is not None else finished
     times = Timings(
         total=finished,
-        plan=job.planned_s,
+        prepare=job.prepared_s,
+        plan=job.planned_s - job.prepared_s,
         engine_startup=startup,
         generate=max(0.0, ended - job.planned_s - startup + overlap),
         overlap=overlap,

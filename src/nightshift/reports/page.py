@@ -154,12 +154,17 @@ def _this_run(report: dict[str, Any]) -> str:
 def time_section(report: dict[str, Any]) -> Section:
     s = report["time_s"]
     parts = [("planning", s["plan"]), ("engine start-up", s["engine_startup"])]
+    if s.get("prepare"):
+        parts.insert(0, ("nightshift and Prefect start-up", s["prepare"]))
     parts.append(("generation", s["generate"]))
     shares = ", ".join(f"{name} {percent(_ratio(secs, s['total']))}" for name, secs in parts)
     overlap = s.get("startup_during_plan", 0.0)
     text = f"This run's wall time ({duration(s['total'])}); of it: {shares}."
     if overlap:
-        text += f" The engine started while the plan was built: {overlap:,.1f} s ran at once."
+        text += (
+            " The engine started while nightshift started up and built the plan: "
+            f"{overlap:,.1f} s ran at once."
+        )
     section = Section("Time", text)
     section.add("wall time", f"{s['total']:,.1f}", "s")
     for name, seconds in parts:

@@ -35,7 +35,8 @@ class Timings:
     plan: float
     engine_startup: float
     generate: float
-    overlap: float = 0.0  # engine start-up seconds that ran while the plan was built
+    overlap: float = 0.0  # engine start-up seconds that ran before the plan was written
+    prepare: float = 0.0  # before planning: nightshift's and Prefect's own start-up
     wrap_up: float = 0.0  # after the last answer: engine shutdown, counters, report
 
 
@@ -107,6 +108,7 @@ def build_report(
         },
         "time_s": {
             "total": times.total,
+            "prepare": times.prepare,
             "plan": times.plan,
             "engine_startup": times.engine_startup,
             "generate": times.generate,
@@ -150,13 +152,19 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"tokens: {t['prompt']:,} prompt ({t['prompt_cached']:,} cached, hit rate "
         f"{report['prefix_cache_hit_rate']:.1%}), {t['output']:,} output",
         *_reuse_line(report.get("prefix_reuse")),
-        f"time: {s['total']:.1f}s total ({s['plan']:.1f}s plan, {s['engine_startup']:.1f}s "
+        f"time: {s['total']:.1f}s total ({_prepare(s)}{s['plan']:.1f}s plan, "
+        f"{s['engine_startup']:.1f}s "
         f"engine start, {s['generate']:.1f}s generate); "
         f"{report['throughput']['total_tokens_per_s']:,.0f} tokens/s",
         f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
         f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
         f"output: {output}",
     ]
+
+
+def _prepare(times: dict[str, float]) -> str:
+    prepare = times.get("prepare", 0.0)
+    return f"{prepare:.1f}s start-up, " if prepare >= 0.05 else ""
 
 
 def prefix_reuse_section(planned: dict[str, Any], tokens: dict[str, int]) -> dict[str, Any]:

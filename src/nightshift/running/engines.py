@@ -27,6 +27,15 @@ def check_engine_spec(spec: JobSpec) -> None:
         check_engine_extra(spec.engine.extra)
 
 
+def prepare_engine(spec: JobSpec) -> None:
+    """Import the spec's engine package and check its settings, ahead of a start."""
+    if spec.run.engine == "vllm":
+        from nightshift.engines.vllm_engine import import_vllm
+
+        import_vllm()
+    check_engine_spec(spec)
+
+
 def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments a spec asks for; ``engine.extra`` wins last."""
     e, m = spec.engine, spec.model
@@ -202,6 +211,41 @@ class EngineStart:
         return self.engine
 
 
+_head: EngineStart | None = None  # started before this process's next run asked for it
+
+
+def start_head(spec: JobSpec) -> None:
+    """Start the engine of this process's next run now, before the run itself exists
+    (``pipelines.headstart``: while Prefect's server boots). The run's pool takes it
+    over when it asks for the same engine; ``drop_head`` shuts down one no run took."""
+    global _head
+    drop_head()
+    _head = EngineStart(spec)
+
+
+def _take_head(spec: JobSpec) -> EngineStart | None:
+    """The head-started engine, if it is the one ``spec`` asks for (else shut down)."""
+    global _head
+    head, _head = _head, None
+    if head is not None and _engine_key(head.spec) != _engine_key(spec):
+        _shut_down(head)
+        return None
+    return head
+
+
+def drop_head() -> None:
+    """Shut down a head-started engine that no run took (the run failed first)."""
+    global _head
+    head, _head = _head, None
+    if head is not None:
+        _shut_down(head)
+
+
+def _shut_down(start: EngineStart) -> None:
+    with contextlib.suppress(BaseException):
+        start.wait().close()
+
+
 @dataclass
 class EnginePool:
     """The run's engine: the caller's, or one built from the spec on first use (a run
@@ -223,7 +267,7 @@ class EnginePool:
     def start_early(self) -> None:
         """Start building the engine now, in the background; ``acquire`` waits for it."""
         if self.given is None and self._engine is None and self._starting is None:
-            self._starting = EngineStart(self.spec)
+            self._starting = _take_head(self.spec) or EngineStart(self.spec)
 
     def acquire(self) -> Engine:
         if self._engine is not None:
@@ -231,7 +275,8 @@ class EnginePool:
         if self.given is not None:
             self._before, self._engine = self.given.stats(), self.given
             return self.given
-        start, self._starting = self._starting or EngineStart(self.spec), None
+        start = self._starting or _take_head(self.spec) or EngineStart(self.spec)
+        self._starting = None
         try:
             self._engine = start.wait()
         finally:

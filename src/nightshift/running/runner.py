@@ -34,7 +34,8 @@ class JobRun:
     runner: ShardRunner
     todo: list[int]
     progress: LiveProgress
-    planned_s: float
+    planned_s: float  # on the run's clock: when the plan was written
+    prepared_s: float = 0.0  # on the run's clock: when planning began (after start-up)
 
 
 def start_run(
@@ -53,6 +54,7 @@ def start_run(
     coordinator planned it) and never plans. ``started``: the ``time.perf_counter()``
     reading the run began at, when work (an engine start) began before this call."""
     clock = LiveProgress(spec.cost, show=progress, started=started)
+    prepared = clock.now()
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     stamp = plan_stamp(spec)  # hashes the model's files: once per run
     manifest = _resumable_plan(output, stamp, overwrite)
@@ -74,7 +76,7 @@ def start_run(
         spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
     )
     clock.expect(runner.records_left(todo))
-    return JobRun(spec, output, manifest, runner, todo, clock, clock.now())
+    return JobRun(spec, output, manifest, runner, todo, clock, clock.now(), prepared)
 
 
 def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:

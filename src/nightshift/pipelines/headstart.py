@@ -1,0 +1,94 @@
+"""What a run started from this process does before its flow exists: the head start.
+
+Before the job flow's first line runs, Prefect boots its temporary server (a process
+of its own, about 5 s) and the flow run is created; then the flow imports vLLM (about
+7 s) as it starts the engine. None of these needs the others, so ``head_start``:
+
+1. boots the temporary server in the background (when no ``PREFECT_API_URL`` is set);
+2. meanwhile imports vLLM and the flow here, in the main thread (imports are not run
+   in two threads at once: two threads importing modules that import each other can
+   deadlock);
+3. starts the engine itself (``running.engines.start_head``), where this host holds
+   no GPU slot: a GPU host's engine waits for its slot, which needs the server, and
+   the flow starts it early once the slot is held (``pipelines.flow``).
+
+The flow's pool takes the head-started engine over (``EnginePool.start_early``), and
+the run's clock starts here (``clock_start``), so the report counts this time too.
+A job with nothing left to run, one run by ``--workers``, or one with
+``run.overlap_startup: false`` gets no head start; an engine no run took is shut down
+when the block ends (the plan failed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from importlib import import_module
+
+from nightshift.jobs.spec import JobSpec
+from nightshift.running import engines
+from nightshift.running.runner import work_may_be_left
+
+_clock: float | None = None  # the perf_counter reading the run being set up began at
+
+
+def clock_start() -> float | None:
+    """When the run now starting began, if ``head_start`` set it up (else None)."""
+    return _clock
+
+
+@contextlib.contextmanager
+def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -> Iterator[None]:
+    """Within the block (the flow call), the run has a head start; see the module."""
+    global _clock
+    _clock = time.perf_counter()
+    try:
+        server = _boot_temporary_server()
+        early = workers == 1 and spec.run.overlap_startup
+        if early and work_may_be_left(spec, overwrite, new_run):
+            _start_engine_early(spec)
+        else:
+            import_module("nightshift.pipelines.flow")
+        if server is not None:
+            server.join()  # the flow's client must not find a half-started server
+        yield
+    finally:
+        _clock = None
+        engines.drop_head()
+
+
+def _start_engine_early(spec: JobSpec) -> None:
+    from nightshift.pipelines.slots import host_takes_slots
+
+    try:
+        engines.prepare_engine(spec)
+    except Exception:  # the flow raises it, where the run's other errors go
+        return
+    finally:  # before the engine's thread starts: imports stay in one thread
+        import_module("nightshift.pipelines.flow")
+    if not host_takes_slots():
+        engines.start_head(spec)
+
+
+def _boot_temporary_server() -> threading.Thread | None:
+    """Start Prefect's temporary server in a thread that waits for it to answer; None
+    when the run reports to a server of the user's (or Prefect may not start one)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running:
+        return None
+
+    def boot() -> None:
+        with contextlib.suppress(Exception):  # the flow's client starts it and raises
+            server.start()
+
+    thread = threading.Thread(target=boot, name="nightshift-prefect-boot", daemon=True)
+    thread.start()
+    return thread
