@@ -24,7 +24,7 @@ demo: $(DEMO_FILES)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 setup: $(STAMP)
 

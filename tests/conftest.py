@@ -90,3 +90,13 @@ def write_spec(tmp_path) -> Callable[[dict], Path]:
         return path
 
     return write
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs two xdist workers (``-n 2 --dist loadgroup``); the real-engine
+    tests all go to one of them, one at a time, as they ran before: two vLLM engines on
+    two cores would each run at half speed, and some of these tests kill or freeze the
+    engine processes they started."""
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))

@@ -168,9 +168,7 @@ def test_a_flow_whose_plan_fails_shuts_down_the_head_started_engine(
     assert {t for t in threading.enumerate() if t.name.startswith("nightshift")} <= threads
 
 
-def test_no_head_start_for_a_job_with_nothing_left_or_overlap_startup_false(
-    flow_spec, slow_start
-):
+def test_no_head_start_for_a_job_with_nothing_left_or_overlap_startup_false(flow_spec, slow_start):
     from nightshift.pipelines.local import run_flow_once
 
     run_flow_once(str(flow_spec()), None, verbose=True)
