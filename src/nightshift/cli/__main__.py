@@ -1,5 +1,5 @@
 """``python -m nightshift.cli``: the same command as ``nightshift``."""
 
-from nightshift.cli import app
+from nightshift.cli import main
 
-app()
+main()
