@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 
 import typer
 
@@ -34,9 +35,10 @@ def main() -> None:
 
     A run that loaded vLLM, torch, polars and Prefect spends 3-4 s in the interpreter's
     teardown, freeing every module's objects one at a time, after its summary is on the
-    screen and every file is written. So once the command is done, the exit handlers
-    run (Prefect stops its temporary server, logging flushes) and the process ends
-    there (``os._exit``) with the command's exit code. In-process callers (tests,
+    screen and every file is written. So once the command is done, the threads are
+    joined and the exit handlers run, as at any exit (Prefect sends its last logs and
+    stops its temporary server, logging flushes), and the process ends there
+    (``os._exit``) with the command's exit code. In-process callers (tests,
     ``typer.testing``) call ``app`` and keep their interpreter.
     """
     try:
@@ -47,6 +49,10 @@ def main() -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    # What the interpreter's own exit does first, in its order: wait for the threads
+    # that are not daemons and run their hooks (Prefect drains its log and event
+    # workers there, while its server still answers), then the exit handlers.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

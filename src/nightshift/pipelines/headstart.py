@@ -21,11 +21,14 @@ when the block ends (the plan failed first).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from importlib import import_module
+from typing import Any
 
 from nightshift.jobs.spec import JobSpec
 from nightshift.running import engines
@@ -72,6 +75,22 @@ def _start_engine_early(spec: JobSpec) -> None:
         engines.start_head(spec)
 
 
+def _stop_soon(server: Any) -> None:
+    """Stop the temporary server at exit with 1 s of grace. Prefect's own stop waits
+    5 s for it, then kills it: a SIGTERMed uvicorn waits for open connections, and
+    this process's Prefect clients hold theirs open to the end, so the wait ran out
+    after every run (5 s between the summary and the prompt)."""
+    process = server.server_process
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _boot_temporary_server() -> threading.Thread | None:
     """Start Prefect's temporary server in a thread that waits for it to answer; None
     when the run reports to a server of the user's (or Prefect may not start one)."""
@@ -88,6 +107,7 @@ def _boot_temporary_server() -> threading.Thread | None:
     def boot() -> None:
         with contextlib.suppress(Exception):  # the flow's client starts it and raises
             server.start()
+            atexit.register(_stop_soon, server)  # after Prefect's own stop: runs first
 
     thread = threading.Thread(target=boot, name="nightshift-prefect-boot", daemon=True)
     thread.start()
