@@ -67,7 +67,7 @@ def subset(records: int, directory: Path) -> Path:
 def bare_generate(engine, spec, token_ids: list[list[int]]) -> dict:
     from vllm.inputs import TokensPrompt
 
-    from nightshift.engines.vllm_engine import _sampling_params
+    from nightshift.engines.vllm_outputs import _sampling_params
     from nightshift.jobs.tasks import handler_for, sampling_for
 
     engine._llm.reset_prefix_cache()

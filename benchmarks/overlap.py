@@ -12,7 +12,7 @@ ids. The plan reads, renders and counts every record; dedup sends only the disti
 ones to the engine. The figure is the share of the plan time the overlap saves:
 ``(wall_after_plan - wall_overlapped) / plan_s``, goal 80% or more.
 
-    .venv/bin/python benchmarks/overlap.py [--records 400000] [--distinct 300] [--reps 2]
+    .venv/bin/python benchmarks/overlap.py [--records 900000] [--distinct 300] [--reps 2]
 
 Writes benchmarks/results/overlap.json.
 """
@@ -91,7 +91,7 @@ def figures(runs: dict[str, list[dict]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--records", type=int, default=900_000)
     parser.add_argument("--distinct", type=int, default=300)
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()

@@ -36,6 +36,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -433,8 +434,13 @@ def run_shape(args: argparse.Namespace, rows: list[dict], shape: str, env: dict)
         ids = token_ids(spec, rows, shape)
         ideal = None if shape == "fields" else sorted(range(len(rows)), key=lambda i: rows[i]["id"])
         bare = bare_generate(spec, ids, ideal)
-        batch = run_batch(spec, rows, bare["kv_cache_dtype"], bare["block_size"], Path(tmp), env)
-        ours = nightshift_run(spec_path, spec, bare["block_size"], ids, env)
+        sides = {
+            "run_batch": lambda: run_batch(
+                spec, rows, bare["kv_cache_dtype"], bare["block_size"], Path(tmp), env
+            ),
+            "nightshift": lambda: nightshift_run(spec_path, spec, bare["block_size"], ids, env),
+        }
+        batch, ours = alternated(sides, args.reps)
         spec_text = spec_path.read_text()
     return {
         "shape": shape,
@@ -448,6 +454,27 @@ def run_shape(args: argparse.Namespace, rows: list[dict], shape: str, env: dict)
     }
 
 
+def alternated(sides: dict, reps: int) -> list[dict]:
+    """Each side ``reps`` times, alternated (A B B A ...); per side its first run with
+    ``wall_s`` and ``generate_s`` replaced by the medians, every run under ``runs``."""
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    names = list(sides)
+    for i in range(reps):
+        for name in names if i % 2 == 0 else names[::-1]:
+            runs[name].append(sides[name]())
+    out = []
+    for name in names:
+        times = [r for r in runs[name] if "error" not in r]
+        first = times[0] if times else runs[name][0]
+        if not times or reps == 1:
+            out.append(first)
+            continue
+        median = {k: statistics.median(r[k] for r in times) for k in ("wall_s", "generate_s")}
+        each = [{k: r[k] for k in ("wall_s", "engine_startup_s", "generate_s")} for r in times]
+        out.append({**first, **median, "runs": each})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=64)
@@ -458,6 +485,9 @@ def main() -> None:
         "--shape", nargs="+", default=["fields"], choices=["fields", "column", "messages"]
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/prefix_order.json")
+    parser.add_argument(
+        "--reps", type=int, default=1, help="runs of run-batch and nightshift, alternated"
+    )
     args = parser.parse_args()
     clean_env = dict(os.environ)
 
