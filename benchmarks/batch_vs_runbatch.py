@@ -270,8 +270,8 @@ def agreement(work: Path) -> dict:
 
 def optimum_cached(path: Path, model: Path, block: int = BLOCK) -> int:
     """What a perfect prefix cache serves over the requests' chat prompts, in any order
-    (``prefix_order.optimum_cached`` on their token ids)."""
-    from prefix_order import optimum_cached as optimum_of_ids
+    (``prefix_workload.optimum_cached`` on their token ids)."""
+    from prefix_workload import optimum_cached as optimum_of_ids
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -31,6 +31,7 @@ from importlib import import_module
 from typing import Any
 
 from nightshift.jobs.spec import JobSpec
+from nightshift.pipelines.slots import host_takes_slots
 from nightshift.running import engines
 from nightshift.running.runner import work_may_be_left
 
@@ -50,10 +51,10 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
     try:
         server = _boot_temporary_server()
         early = workers == 1 and spec.run.overlap_startup
-        if early and work_may_be_left(spec, overwrite, new_run):
-            _start_engine_early(spec)
-        else:
-            import_module("nightshift.pipelines.flow")
+        early = early and work_may_be_left(spec, overwrite, new_run) and _prepared(spec)
+        import_module("nightshift.pipelines.flow")  # before the engine's thread: one importer
+        if early and not host_takes_slots():
+            engines.start_head(spec)
         if server is not None:
             server.join()  # the flow's client must not find a half-started server
         yield
@@ -62,17 +63,13 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         engines.drop_head()
 
 
-def _start_engine_early(spec: JobSpec) -> None:
-    from nightshift.pipelines.slots import host_takes_slots
-
+def _prepared(spec: JobSpec) -> bool:
+    """Import the engine's package and check its settings; False if they are wrong."""
     try:
         engines.prepare_engine(spec)
     except Exception:  # the flow raises it, where the run's other errors go
-        return
-    finally:  # before the engine's thread starts: imports stay in one thread
-        import_module("nightshift.pipelines.flow")
-    if not host_takes_slots():
-        engines.start_head(spec)
+        return False
+    return True
 
 
 def _stop_soon(server: Any) -> None:
