@@ -8,7 +8,7 @@ overhead being measured. The flow side is ``pipelines.local.run_flow_once``, the
 call ``nightshift jobs run`` makes (Prefect flow, plan task, shard tasks, feeding loop,
 checkpoints, commits, report), with ``build_engine`` handing it the shared engine. Bare
 ``LLM.generate`` gets the same token ids in the same order (the plan's). Sides alternate
-(A B C C B A) and each run writes to a fresh output. Two workloads:
+(A B C C B A ..., ``--reps`` rounds, after one uncounted flow run) and each run writes to a fresh output. Two workloads:
 
 - ``tickets``: the demo tickets (classify), bare vs the flow as 1 shard vs 6 shards.
 - ``contracts``: 40 contracts of about 640 tokens x 12 questions (480 records, arriving
@@ -16,7 +16,7 @@ checkpoints, commits, report), with ``build_engine`` handing it the shared engin
   order (grouped by contract), and the flow on the input as it arrives. The figure is
   the share of bare's ideal speed-up over input order that nightshift reaches.
 
-    .venv/bin/python benchmarks/overhead.py [--records 4000]
+    .venv/bin/python benchmarks/overhead.py [--records 4000] [--reps 3] [--only tickets]
 
 Writes benchmarks/results/overhead.json.
 """
@@ -27,6 +27,7 @@ import argparse
 import json
 import platform
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -119,7 +120,7 @@ def planned_token_ids(spec) -> list[list[int]]:
         getattr(feed, "close", lambda: None)()
 
 
-def tickets(records: int, tmp: Path) -> dict:
+def tickets(records: int, tmp: Path, reps: int) -> dict:
     from nightshift.jobs.loading import load_spec
     from nightshift.running.engines import start_vllm
 
@@ -132,12 +133,21 @@ def tickets(records: int, tmp: Path) -> dict:
     spec = load_spec(spec_path, [*sides["one_shard"], f"output.path={tmp}/plan"])
     token_ids = planned_token_ids(spec)
     engine = start_vllm(spec)
+    # Not counted: a process's first flow run pays Prefect's first use (its database,
+    # imports), which no later run does.
+    _side(engine, spec, token_ids, spec_path, sides, "one_shard", tmp)
     runs: dict[str, list[dict]] = {"bare": [], "one_shard": [], "six_shards": []}
-    for side in ["bare", "one_shard", "six_shards", "six_shards", "one_shard", "bare"]:
+    for side in alternated(list(runs), reps):
         runs[side].append(_side(engine, spec, token_ids, spec_path, sides, side, tmp))
     info = engine.info
     engine.close()
     return _figures(runs, len(token_ids), info)
+
+
+def alternated(sides: list[str], reps: int) -> list[str]:
+    """Each side ``reps`` times, the order reversed every other round (A B C C B A ...),
+    so that a drift in the machine's speed falls on every side alike."""
+    return [s for i in range(reps) for s in (sides if i % 2 == 0 else sides[::-1])]
 
 
 def _side(engine, spec, token_ids, spec_path, sides, side, tmp) -> dict:
@@ -149,12 +159,14 @@ def _side(engine, spec, token_ids, spec_path, sides, side, tmp) -> dict:
 
 def _figures(runs: dict[str, list[dict]], records: int, info) -> dict:
     mean = {side: sum(r["generate_s"] for r in rs) / len(rs) for side, rs in runs.items()}
+    median = {side: statistics.median(r["generate_s"] for r in rs) for side, rs in runs.items()}
     return {
         "runnable_records": records,
         "kv_cache_dtype": info.kv_cache_dtype,
         "kv_cache_tokens": info.kv_cache_tokens,
         "runs": runs,
         "mean_generate_s": mean,
+        "median_generate_s": median,
     }
 
 
@@ -233,6 +245,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=4000)
     parser.add_argument("--only", choices=["tickets", "contracts"])
+    parser.add_argument("--reps", type=int, default=3, help="runs of each tickets side")
     args = parser.parse_args()
     figures: dict = {
         "benchmark": "nightshift jobs run (the flow) vs bare LLM.generate, one engine a side",
@@ -243,7 +256,7 @@ def main() -> None:
         figures = {**json.loads(out.read_text()), **figures}
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "tickets"):
-            t = figures["tickets"] = tickets(args.records, Path(tmp))
+            t = figures["tickets"] = tickets(args.records, Path(tmp), args.reps)
             m = t["mean_generate_s"]
             t["flow_vs_bare_pct"] = 100 * (m["one_shard"] - m["bare"]) / m["bare"]
             t["six_vs_one_shard_pct"] = 100 * (m["six_shards"] - m["one_shard"]) / m["one_shard"]

@@ -215,6 +215,7 @@ def _run_shards(spec: JobSpec, job: JobRun, engines: EnginePool, stop: GracefulS
     error if one stopped. A few shard tasks run at once, so the loop always holds the
     next shard before the current one commits."""
     feeding = FeedingLoop(job.runner, engines)
+    feeding.expect(job.todo)  # the plan's order, not the order the tasks start in
     stop.on_stop(lambda: feeding.request_stop(f"the run was stopped ({stop.why})"))
     try:
         futures = shard_task_for(spec).map(shard=job.todo, feeding=unmapped(feeding))

@@ -154,6 +154,7 @@ def _hold(
         return
     keeper = LeaseKeeper(leases, lease).__enter__()
     job.runner.lease_lost[shard] = keeper.lost
+    feeding.expect([shard])  # fed in the order claimed (the plan's), not as tasks start
     future = shard_task_for(job.spec).submit(shard, feeding)
     held[shard] = Claimed(lease, keeper, future)
 

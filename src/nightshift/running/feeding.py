@@ -31,6 +31,11 @@ class FeedingLoop:
         self._thread: threading.Thread | None = None
         runner.on_settled = self._settled
 
+    def expect(self, shards: list[int]) -> None:
+        """Announce shards about to be submitted: they are fed in this order (the plan's),
+        whatever order their tasks submit them in."""
+        self.queue.expect(shards)
+
     def submit(self, shard: int) -> Future:
         """Feed ``shard`` after those submitted before it; the future gives the shard
         once committed, or raises why it was not."""
