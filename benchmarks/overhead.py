@@ -8,7 +8,8 @@ overhead being measured. The flow side is ``pipelines.local.run_flow_once``, the
 call ``nightshift jobs run`` makes (Prefect flow, plan task, shard tasks, feeding loop,
 checkpoints, commits, report), with ``build_engine`` handing it the shared engine. Bare
 ``LLM.generate`` gets the same token ids in the same order (the plan's). Sides alternate
-(A B C C B A ..., ``--reps`` rounds, after one uncounted flow run) and each run writes to a fresh output. Two workloads:
+(A B C C B A ..., ``--reps`` rounds, after one uncounted flow run) and each run writes
+to a fresh output. Two workloads:
 
 - ``tickets``: the demo tickets (classify), bare vs the flow as 1 shard vs 6 shards.
 - ``contracts``: 40 contracts of about 640 tokens x 12 questions (480 records, arriving

@@ -197,3 +197,29 @@ def test_the_predicted_reuse_counts_only_the_prompts_sent(models, tmp_path):
     encoder = load_encoder(specs[0])
     predicted = [build_plan(s, encoder, progress=False).prefix_reuse["predicted"] for s in specs]
     assert predicted[0] > 0.5 and predicted[0] == pytest.approx(predicted[1])
+
+
+def test_copies_follow_their_original_and_the_shards_run_in_order(models, tmp_path):
+    """Each copy sits right after its original (the copies carried a measurement column
+    of the same name as the sort key, and were placed by it: near the start, in a late
+    shard, so the manifest listed the shards out of run order and the flow fed them so)."""
+    from nightshift.scheduling.plan import build_plan, load_encoder
+
+    # Lengths unlike the input order, so that the run order (longest first) is not it.
+    rows = [{**row, "body": row["body"] * (1 + int(row["subject"][1:]) % 7)} for row in _rows()]
+    write_records(tmp_path / "mixed" / "p.parquet", rows)
+    data = spec_dict(models["chat"], tmp_path / "mixed", tmp_path / "out")
+    spec = validate_spec({**data, "plan": {"shard_records": 8}})
+    plan = build_plan(spec, load_encoder(spec), progress=False)
+    assert plan.records["answered_from"].is_not_null().sum() == RECORDS - DISTINCT
+    records = plan.records.sort("position")
+    assert records["position"].to_list() == list(range(RECORDS))
+    assert records["shard"].is_sorted()
+    assert [s["index"] for s in plan.shard_summaries()] == plan.shards
+    original = None
+    for row in records.iter_rows(named=True):
+        if row["answered_from"] is None:
+            original = row
+        else:
+            assert row["answered_from"] == original["record_id"]
+            assert row["shard"] == original["shard"]

@@ -103,13 +103,16 @@ def place_copies(ordered: pl.DataFrame, copies: pl.DataFrame) -> pl.DataFrame:
     positions numbered again in that order. Copies send nothing: no cached tokens."""
     if not copies.height:
         return ordered
+    # "_after" and "_before" are measurement columns (scheduling.measure) that copies
+    # still carry: the original's position goes under a name of its own.
+    at = "_original_position"
     where = ordered.select(
-        pl.col("record_id").alias(ANSWERED_FROM), "shard", pl.col("position").alias("_after")
+        pl.col("record_id").alias(ANSWERED_FROM), "shard", pl.col("position").alias(at)
     )
     placed = copies.join(where, on=ANSWERED_FROM, how="left").with_columns(
         pl.lit(0, dtype=ordered.schema["predicted_cached"]).alias("predicted_cached")
     )
-    mine = ordered.with_columns(pl.col("position").alias("_after"))
+    mine = ordered.with_columns(pl.col("position").alias(at))
     both = pl.concat(
         [
             mine.with_columns(pl.lit(0).alias("_copy")),
@@ -117,7 +120,7 @@ def place_copies(ordered: pl.DataFrame, copies: pl.DataFrame) -> pl.DataFrame:
         ],
         how="diagonal_relaxed",
     )
-    both = both.sort("_after", "_copy", "_file", "_row").drop("_after", "_copy", "position")
+    both = both.sort(at, "_copy", "_file", "_row").drop(at, "_copy", "position")
     return both.with_row_index("position")
 
 

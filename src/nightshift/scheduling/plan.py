@@ -73,12 +73,12 @@ class Plan:
         return self.records["shard"].unique().sort().to_list()
 
     def shard_summaries(self) -> list[dict[str, int]]:
-        summary = self.records.group_by("shard", maintain_order=True).agg(
+        summary = self.records.group_by("shard").agg(
             pl.len().alias("records"),
             pl.col("tokens").sum().alias("prompt_tokens"),
             pl.col("predicted_cached").sum().alias("predicted_cached"),
         )
-        return summary.rename({"shard": "index"}).to_dicts()
+        return summary.sort("shard").rename({"shard": "index"}).to_dicts()
 
 
 def job_columns(spec: JobSpec) -> dict[str, str]:
