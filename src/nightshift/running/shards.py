@@ -21,11 +21,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from nightshift.engines.base import Engine, EngineRequest, EngineResult
 from nightshift.engines.tokenizer import PromptEncoder
@@ -34,10 +31,9 @@ from nightshift.errors import (
     EngineStalledError,
     JobAbortedError,
     LeaseLostError,
-    NightshiftError,
 )
 from nightshift.io.planstore import PlanStore, input_schema
-from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
+from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
 from nightshift.running.cached import RunCache
@@ -46,6 +42,7 @@ from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
 from nightshift.running.shardqueue import ShardQueue
+from nightshift.running.shardwork import ShardWork, shard_summary
 from nightshift.running.totals import RunTotals
 
 log = logging.getLogger(__name__)
@@ -60,31 +57,6 @@ class EngineSource(Protocol):
 
     def discard(self, engine: Engine) -> None:
         """Give back an engine that died; the next ``acquire`` builds a new one."""
-
-
-@dataclass
-class ShardWork:
-    """One shard in progress: its checkpointed chunks and the answers held since."""
-
-    shard: int
-    planned: int
-    files: list[StoredFile]
-    done_ids: set = field(default_factory=set)
-    ok: list[dict] = field(default_factory=list)
-    failed: list[dict] = field(default_factory=list)
-    since: float = field(default_factory=time.monotonic)
-    chunks: int = 0
-    answered_now: int = 0  # by the current engine: an engine that dies costs these an attempt
-    copies: dict = field(default_factory=dict)  # dedup: original id -> copies not yet done
-    skip: set = field(default_factory=set)  # ids the feed leaves out: done, and copies
-
-    @property
-    def held(self) -> int:
-        return len(self.ok) + len(self.failed)
-
-    @property
-    def remaining(self) -> int:
-        return self.planned - len(self.done_ids) - self.held
 
 
 class ShardRunner:
@@ -335,18 +307,7 @@ class ShardRunner:
 
     def _finish(self, w: ShardWork) -> None:
         """Merge the shard's chunks and held answers, check it reconciles, commit it."""
-        ok = pa.concat_tables(self.shards.read(w.files, "ok") + [self.tables.results_table(w.ok)])
-        failed = pa.concat_tables(
-            self.shards.read(w.files, "failed") + [self.tables.failed_table(w.failed)]
-        )
-        # Two attempts that ran the shard at once both checkpointed some of its records.
-        ok, failed = one_row_per_record(ok, failed, self.spec.input.id_column)
-        if ok.num_rows + failed.num_rows != w.planned:
-            raise NightshiftError(
-                f"shard {w.shard} does not reconcile: {w.planned} planned, "
-                f"{ok.num_rows} ok + {failed.num_rows} failed; nothing was committed and "
-                "its checkpoints are kept"
-            )
+        ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
         summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
         self._check_lease(w.shard)
         if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
@@ -439,25 +400,3 @@ class ShardRunner:
                 f"the first {FAIL_FAST_RECORDS} records all failed with: {errors.pop()}; "
                 "stopped so the rest of the job is not spent the same way"
             )
-
-
-def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -> dict[str, Any]:
-    """What a commit marker records about its shard, beside its files."""
-    tokens = {
-        name: sum(pc.sum(t.column(column)).as_py() or 0 for t in (ok, failed))
-        for name, column in (
-            ("prompt", "prompt_tokens"),
-            ("prompt_cached", "cached_tokens"),
-            ("output", "output_tokens"),
-        )
-    }
-    reasons = Counter(
-        ok.column("finish_reason").to_pylist() + failed.column("finish_reason").to_pylist()
-    )
-    reasons.pop(None, None)
-    return {
-        "records": {"planned": planned, "ok": ok.num_rows, "failed": failed.num_rows},
-        "tokens": tokens,
-        "finish_reasons": dict(sorted(reasons.items())),
-        "attempts": attempts,
-    }

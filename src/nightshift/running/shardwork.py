@@ -1,0 +1,86 @@
+"""One shard in progress, and what its commit marker says about it.
+
+A shard's answers come back in any order; it keeps them in memory (``ok``, ``failed``)
+until they are checkpointed as a chunk (``files``), and at its last record merges the
+chunks and what it holds into one table of each kind, one row per record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nightshift.errors import NightshiftError
+from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
+from nightshift.running.results import ResultTables
+
+
+@dataclass
+class ShardWork:
+    """One shard in progress: its checkpointed chunks and the answers held since."""
+
+    shard: int
+    planned: int
+    files: list[StoredFile]
+    done_ids: set = field(default_factory=set)
+    ok: list[dict] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+    chunks: int = 0
+    answered_now: int = 0  # by the current engine: an engine that dies costs these an attempt
+    copies: dict = field(default_factory=dict)  # dedup: original id -> copies not yet done
+    skip: set = field(default_factory=set)  # ids the feed leaves out: done, and copies
+
+    @property
+    def held(self) -> int:
+        return len(self.ok) + len(self.failed)
+
+    @property
+    def remaining(self) -> int:
+        return self.planned - len(self.done_ids) - self.held
+
+    def merged(
+        self, shards: ShardStore, tables: ResultTables, id_column: str
+    ) -> tuple[pa.Table, pa.Table]:
+        """Its checkpointed chunks and the answers it holds as one ok and one failed
+        table, one row per record, checked to add up to the records planned."""
+        ok = pa.concat_tables(shards.read(self.files, "ok") + [tables.results_table(self.ok)])
+        failed = pa.concat_tables(
+            shards.read(self.files, "failed") + [tables.failed_table(self.failed)]
+        )
+        # Two attempts that ran the shard at once both checkpointed some of its records.
+        ok, failed = one_row_per_record(ok, failed, id_column)
+        if ok.num_rows + failed.num_rows != self.planned:
+            raise NightshiftError(
+                f"shard {self.shard} does not reconcile: {self.planned} planned, "
+                f"{ok.num_rows} ok + {failed.num_rows} failed; nothing was committed and "
+                "its checkpoints are kept"
+            )
+        return ok, failed
+
+
+def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -> dict[str, Any]:
+    """What a commit marker records about its shard, beside its files."""
+    tokens = {
+        name: sum(pc.sum(t.column(column)).as_py() or 0 for t in (ok, failed))
+        for name, column in (
+            ("prompt", "prompt_tokens"),
+            ("prompt_cached", "cached_tokens"),
+            ("output", "output_tokens"),
+        )
+    }
+    reasons = Counter(
+        ok.column("finish_reason").to_pylist() + failed.column("finish_reason").to_pylist()
+    )
+    reasons.pop(None, None)
+    return {
+        "records": {"planned": planned, "ok": ok.num_rows, "failed": failed.num_rows},
+        "tokens": tokens,
+        "finish_reasons": dict(sorted(reasons.items())),
+        "attempts": attempts,
+    }
