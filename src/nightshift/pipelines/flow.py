@@ -80,7 +80,10 @@ def plan_task(
     name="shard",
     task_run_name="shard-{shard}",
     cache_policy=NONE,
-    tags=["nightshift-shard"],
+    # No tags: Prefect asks its server for a concurrency slot of every tag a task run
+    # carries, limit or none, before the task starts (measured: up to 2 s before the
+    # first shard on a busy 2-core machine, the engine idle meanwhile). The host's GPU
+    # slot (pipelines.slots) is what keeps jobs from sharing an engine's GPU.
     retry_condition_fn=_only_engine_deaths,
 )
 def shard_task(shard: int, feeding: FeedingLoop) -> int:
