@@ -15,6 +15,8 @@ import yaml
 from nightshift.demo.model import build_model
 from nightshift.demo.tickets import corpus, tickets
 
+from .batchserver import serve  # noqa: F401  (a fixture: the batch server tests')
+
 # Keep vLLM's CPU KV cache small so tests fit beside other processes.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
