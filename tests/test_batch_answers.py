@@ -11,24 +11,12 @@ from anthropic.types.messages import MessageBatchIndividualResponse
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from nightshift.batch.openai import CHAT, COMPLETIONS
+from nightshift.batch.openai import COMPLETIONS
 from nightshift.batch.output import write_outputs
 from nightshift.batch.results import Answer
 from nightshift.batch.shapes import Context, anthropic_line, openai_line
 
-CTX = Context("abc", 1700000000, CHAT)
-
-
-def ok_row(text="hello", finish="stop", detail=None):
-    return {
-        "custom_id": "a",
-        "text": text,
-        "finish_reason": finish,
-        "prompt_tokens": 20,
-        "output_tokens": 4,
-        "cached_tokens": 16,
-        "detail": detail,
-    }
+from .batchlines import CTX, ok_row
 
 
 def test_an_openai_answer_is_a_chat_completion_and_a_completion():

@@ -13,7 +13,8 @@ from nightshift.batch.openai import CHAT, COMPLETIONS, OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import convert
 from nightshift.batch.results import Answer
-from nightshift.batch.shapes import Context
+
+from .batchlines import CTX, ok_row
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -203,21 +204,6 @@ def test_anthropic_lines(tmp_path):
         "missing_custom_id",
         "invalid_json",
     ]
-
-
-CTX = Context("abc", 1700000000, CHAT)
-
-
-def ok_row(text="hello", finish="stop", detail=None):
-    return {
-        "custom_id": "a",
-        "text": text,
-        "finish_reason": finish,
-        "prompt_tokens": 20,
-        "output_tokens": 4,
-        "cached_tokens": 16,
-        "detail": detail,
-    }
 
 
 def test_files_are_in_input_order_with_bad_lines_where_they_stood(tmp_path):
