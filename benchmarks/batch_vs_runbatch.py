@@ -40,6 +40,7 @@ from batch_workload import (
     read_lines,
     write_input,
 )
+from sides import alternated
 
 ROOT = Path(__file__).resolve().parents[1]
 # run_batch's log: the engine is up and the file is being read
@@ -289,9 +290,9 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         workload = write_input(work / "batch-in.jsonl", model, args)
         workload["optimum_cached_tokens"] = optimum_cached(work / "batch-in.jsonl", model)
-        for rep in range(args.reps):
-            for side in args.sides if rep % 2 == 0 else args.sides[::-1]:
-                runs.append(run_side(side, work, rep, model, settings, env))
+        for turn, side in enumerate(alternated(list(args.sides), args.reps)):
+            rep = turn // len(args.sides)
+            runs.append(run_side(side, work, rep, model, settings, env))
         same = agreement(work) if len(args.sides) == 2 else None
         commands = {
             "run_batch": run_batch_command(settings, model, Path("IN"), Path("OUT")),

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import yaml
+from sides import alternated
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS, QUESTIONS = 40, 12
@@ -143,12 +144,6 @@ def tickets(records: int, tmp: Path, reps: int) -> dict:
     info = engine.info
     engine.close()
     return _figures(runs, len(token_ids), info)
-
-
-def alternated(sides: list[str], reps: int) -> list[str]:
-    """Each side ``reps`` times, the order reversed every other round (A B C C B A ...),
-    so that a drift in the machine's speed falls on every side alike."""
-    return [s for i in range(reps) for s in (sides if i % 2 == 0 else sides[::-1])]
 
 
 def _side(engine, spec, token_ids, spec_path, sides, side, tmp) -> dict:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from sides import alternated
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"overlapped": [], "after_plan": ["run.overlap_startup=false"]}
@@ -96,8 +97,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    names = list(SIDES)
-    order = [s for i in range(args.reps) for s in (names if i % 2 == 0 else names[::-1])]
+    order = alternated(list(SIDES), args.reps)
     with tempfile.TemporaryDirectory() as tmp:
         inputs = make_input(args.records, args.distinct, Path(tmp))
         for side in order:

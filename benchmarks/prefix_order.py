@@ -54,6 +54,7 @@ from prefix_workload import (
     token_ids,
     write_spec,
 )
+from sides import alternated
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_SHARE, GOAL_SPEEDUP = 0.95, 3.0
@@ -291,7 +292,7 @@ def run_shape(args: argparse.Namespace, rows: list[dict], shape: str, env: dict)
             ),
             "nightshift": lambda: nightshift_run(spec_path, spec, bare["block_size"], ids, env),
         }
-        batch, ours = alternated(sides, args.reps)
+        batch, ours = run_alternated(sides, args.reps)
         spec_text = spec_path.read_text()
     return {
         "shape": shape,
@@ -305,14 +306,13 @@ def run_shape(args: argparse.Namespace, rows: list[dict], shape: str, env: dict)
     }
 
 
-def alternated(sides: dict, reps: int) -> list[dict]:
-    """Each side ``reps`` times, alternated (A B B A ...); per side its first run with
+def run_alternated(sides: dict, reps: int) -> list[dict]:
+    """Run each side ``reps`` times, alternated (A B B A ...); per side its first run with
     ``wall_s`` and ``generate_s`` replaced by the medians, every run under ``runs``."""
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     names = list(sides)
-    for i in range(reps):
-        for name in names if i % 2 == 0 else names[::-1]:
-            runs[name].append(sides[name]())
+    for name in alternated(names, reps):
+        runs[name].append(sides[name]())
     out = []
     for name in names:
         times = [r for r in runs[name] if "error" not in r]
