@@ -103,8 +103,10 @@ def place_copies(ordered: pl.DataFrame, copies: pl.DataFrame) -> pl.DataFrame:
     positions numbered again in that order. Copies send nothing: no cached tokens."""
     if not copies.height:
         return ordered
-    # "_after" and "_before" are measurement columns (scheduling.measure) that copies
-    # still carry: the original's position goes under a name of its own.
+    # Copies still carry the measurement's working columns (scheduling.measure: one of
+    # them was called "_after", and the copies were once sorted by it instead of by
+    # their original's position). They keep only what the records have.
+    copies = copies.select([c for c in copies.columns if c in ordered.columns])
     at = "_original_position"
     where = ordered.select(
         pl.col("record_id").alias(ANSWERED_FROM), "shard", pl.col("position").alias(at)
