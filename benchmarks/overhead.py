@@ -107,19 +107,24 @@ def flow_run(engine, spec_path: Path, overrides: list[str]) -> dict:
 
 
 def planned_token_ids(spec) -> list[list[int]]:
-    """The plan's prompts as token ids, in run order (``jobs plan --write``'s plan)."""
+    """The prompts the flow sends, as token ids, in run order (``jobs plan --write``'s
+    plan): exact repeats left out, as the flow answers them from their first copy."""
     from nightshift.io.objectstore import open_store
     from nightshift.io.planstore import PlanStore
+    from nightshift.running.copies import CopyBook
     from nightshift.running.feed import RequestFeed
     from nightshift.scheduling.dryrun import plan_summary
     from nightshift.scheduling.plan import load_encoder
 
     shards = list(range(plan_summary(spec, write=True)["shards"]["count"]))
-    feed = RequestFeed(spec, PlanStore(open_store(spec.output.path)), load_encoder(spec))
+    plans = PlanStore(open_store(spec.output.path))
+    copies = CopyBook.load(plans, plans.manifest())
+    feed = RequestFeed(spec, plans, load_encoder(spec))
     try:
-        return [list(r.token_ids) for r in feed.requests(shards) if r is not None]
+        skip = {shard: copies.ids(shard) for shard in shards}
+        return [list(r.token_ids) for r in feed.requests(shards, skip)]
     finally:
-        getattr(feed, "close", lambda: None)()
+        feed.close()
 
 
 def tickets(records: int, tmp: Path, reps: int) -> dict:
