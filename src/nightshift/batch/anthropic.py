@@ -20,6 +20,11 @@ IGNORED = {"metadata", "service_tier"}
 
 
 class TextBlock(BaseModel):
+    """A text block. ``cache_control`` is the one field ignored on purpose: it marks a
+    prefix for the provider to cache, and the prefix cache serves every shared prefix here
+    without being asked, so the answer is the same. ``citations`` would be dropped from
+    the prompt, so any is refused (``_text``); every other field is unknown (forbid)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
@@ -29,6 +34,7 @@ class TextBlock(BaseModel):
 
 
 class Message(BaseModel):
+    # Any field beside role and content (there are none in the API) is refused.
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["user", "assistant"]
@@ -116,5 +122,13 @@ def _text(content: str | list[dict[str, Any]], where: str) -> str:
                 "unsupported_parameter",
                 f"{where}[{i}]",
             )
-        parts.append(validated(TextBlock, block, f"{where}[{i}]").text)
+        text = validated(TextBlock, block, f"{where}[{i}]")
+        if text.citations:
+            raise BadRequest(
+                f"{where}[{i}].citations is not supported (the chat template renders text "
+                "only; leave them out)",
+                "unsupported_parameter",
+                f"{where}[{i}].citations",
+            )
+        parts.append(text.text)
     return "\n".join(parts)

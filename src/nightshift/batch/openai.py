@@ -5,8 +5,10 @@ joined; ``developer`` turns are system turns), ``/v1/completions`` bodies raw pr
 Each body's sampling becomes the record's own: ``max_tokens`` or
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``,
 ``response_format`` (json_schema, json_object), ``logprobs``/``top_logprobs``. Anything
-nightshift cannot honour (``stream: true``, tools, images, penalties...) is a bad line
-naming the parameter, never silently dropped.
+nightshift cannot honour (``stream: true``, tools, images, penalties, a message's
+``name``, ``audio`` or ``refusal``, keys of a text part beside ``type`` and ``text``...)
+is a bad line naming the parameter, never silently dropped. The body keys in ``IGNORED``
+are accepted because they cannot change the answer (bookkeeping such as ``user``).
 """
 
 from __future__ import annotations
@@ -66,11 +68,15 @@ class ResponseFormat(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A turn as the chat template renders it: a role and text, nothing else. Every other
+    field of OpenAI's message (``name``, ``audio``, ``refusal``, ``tool_calls``,
+    ``function_call``...) lands in ``model_extra`` and is refused by ``_turn`` unless it
+    asks for nothing; none is ignored, as none could be honoured."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
 
 
 class ChatBody(_Body):
@@ -182,12 +188,20 @@ def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
     return {"json_schema": fmt.json_schema.json_schema}
 
 
+# Why a message field is refused, by field; any other: no tools, audio or refusals.
+WHY_NOT = {
+    "name": "the chat template renders a role and its text, with no place for a "
+    "participant's name (leave it out, or put the name in the content)",
+}
+
+
 def _turn(message: ChatMessage, index: int) -> dict[str, str]:
     where = f"messages[{index}]"
     for key, value in (message.model_extra or {}).items():
         if value not in (None, [], ""):
+            why = WHY_NOT.get(key, "no tools, audio or refusals")
             raise BadRequest(
-                f"{where}.{key} is not supported (no tools, audio or refusals)",
+                f"{where}.{key} is not supported: {why}",
                 "unsupported_parameter",
                 f"{where}.{key}",
             )
@@ -211,6 +225,14 @@ def _text_part(part: dict[str, Any], where: str) -> str:
             "unsupported_parameter",
             where,
         )
+    # A text part is {type, text}; any other key would be dropped, so it is refused.
+    for key, value in part.items():
+        if key not in ("type", "text") and value is not None:
+            raise BadRequest(
+                f"{where}.{key} is not supported (a text part holds type and text)",
+                "unsupported_parameter",
+                f"{where}.{key}",
+            )
     return part["text"]
 
 

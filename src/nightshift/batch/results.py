@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from nightshift.batch.records import ID_COLUMN, BadLine
 from nightshift.io.outputs import JobOutput, committed_files
+from nightshift.scheduling.dedup import ANSWERED_FROM
 
 # reject_kind -> (code, param) of the 400 it becomes
 REJECT_CODES = {
@@ -63,8 +64,15 @@ def job_answers(location: str) -> dict[str, Answer]:
     """custom_id -> Answer, from the job's committed results, failures and rejects."""
     answers: dict[str, Answer] = {}
     output = JobOutput(location)
+    copies = []
     for row in _rows(output, "results"):
         answers[row[ID_COLUMN]] = Answer(ok=True, row=row)
+        if row.get(ANSWERED_FROM) is not None:
+            copies.append(row)
+    for row in copies:
+        original = answers.get(row[ANSWERED_FROM])
+        if original is not None and original.ok:
+            row.update(own_usage(original.row))
     for row in _rows(output, "failed"):
         answers[row[ID_COLUMN]] = Answer(
             False, status=500, code="server_error", message=row["error"]
@@ -73,6 +81,23 @@ def job_answers(location: str) -> dict[str, Answer]:
         code, param = REJECT_CODES.get(row["reject_kind"], ("invalid_request", None))
         answers[row[ID_COLUMN]] = Answer(False, code=code, message=row["reason"], param=param)
     return answers
+
+
+def own_usage(original: dict[str, Any]) -> dict[str, int]:
+    """A dedup copy's usage, as the provider would report its own request.
+
+    The results row of a copy holds 0 tokens: what it cost the engine (report.json counts
+    that). Its line describes the request itself: its prompt is the original's exactly
+    (the dedup key is over the rendered prompt, so the token ids are equal) and its answer
+    is the original's, so both counts are the original's. Cached tokens are 0: the
+    providers count prompt tokens read from the prompt cache for this request, and a copy
+    never reached the engine, so nothing was read for it (what dedup saved is in
+    report.json's ``repeats``, not passed off as cache reads)."""
+    return {
+        "prompt_tokens": original["prompt_tokens"] or 0,
+        "output_tokens": original["output_tokens"] or 0,
+        "cached_tokens": 0,
+    }
 
 
 def _rows(output: JobOutput, kind: str) -> Iterator[dict[str, Any]]:

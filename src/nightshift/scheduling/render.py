@@ -29,12 +29,17 @@ from nightshift.scheduling.prompts import PromptTemplate
 
 ROLES = frozenset({"system", "user", "assistant"})
 # reject kinds of a bad conversation (a null column value is "null_field", as for fields)
-EMPTY, UNKNOWN_ROLE, BAD_CONTENT, REFUSED = (
+EMPTY, UNKNOWN_ROLE, BAD_CONTENT, REFUSED, UNSUPPORTED = (
     "empty_conversation",
     "unknown_role",
     "bad_content",
     "chat_template_refused",
+    "unsupported_field",
 )
+TURN_FIELDS = frozenset({"role", "content"})
+# A turn's other field holding one of these asks for nothing (a Parquet struct gives every
+# turn each field of the column, null where a turn has none).
+ABSENT: tuple = (None, "", [])
 
 
 class TemplateRenderer:
@@ -107,6 +112,13 @@ class ConversationRenderer:
             if not isinstance(content, str):
                 what = "null" if content is None else f"of type {type(content).__name__}"
                 return BAD_CONTENT, f"turn {k}'s content is {what}, not text"
+            extra = _extra_field(turn)
+            if extra is not None:
+                return UNSUPPORTED, (
+                    f"turn {k} has {extra!r}, which nightshift cannot honour: the chat "
+                    "template renders each turn's role and content only (leave it out, or "
+                    "put it in the content)"
+                )
         try:
             self._frame(turns)
         except ValueError as exc:
@@ -129,6 +141,15 @@ class ConversationRenderer:
         width = max((len(r) for r in rows), default=1)
         padded = [[r[0], *[""] * (width - len(r)), *r[1:]] for r in rows]
         return [pl.Series(column, dtype=pl.String) for column in zip(*padded, strict=True)]
+
+
+def _extra_field(turn: dict[str, Any]) -> str | None:
+    """The first field of ``turn`` besides role and content that holds something (a
+    ``name``, ``tool_calls``...): rendering would drop it, so its record is rejected."""
+    for key, value in turn.items():
+        if key not in TURN_FIELDS and value not in ABSENT:
+            return key
+    return None
 
 
 Renderer = TemplateRenderer | ConversationRenderer
