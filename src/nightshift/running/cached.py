@@ -5,36 +5,41 @@ fingerprint inputs (the model and tokenizer identity by content, dtype, max_mode
 KV-cache dtype, engine extras) and the sampling the engine is given, guided-decoding
 constraint included. The prompt template and task are not in it: the token ids are the
 rendered prompt, and rows are parsed from the cached text by this job's task.
+
+Only a repeatable answer is cached (``cacheable``): a sample stays a sample, whether its
+sampling is the job's or a record's own. An entry keeps the whole result (every choice,
+its stop sequence and logprobs), so a row, a detail column or a batch line made from a
+cached answer equals the one made from the generated answer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nightshift.engines.base import EngineRequest, EngineResult, Sampling
-from nightshift.io.responsecache import ANSWER_FIELDS, ResponseCache
-from nightshift.jobs.sampling import deterministic, sampling_key
+from nightshift.engines.base import Choice, EngineRequest, EngineResult, Sampling, TokenLogprob
+from nightshift.io.responsecache import ResponseCache
+from nightshift.jobs.sampling import sampling_key
 from nightshift.jobs.spec import JobSpec
-from nightshift.scheduling.cachescope import cache_scope
-
-
-def _scope(manifest: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
-    return cache_scope(manifest.get("fingerprint_inputs", {}), sampling)
+from nightshift.scheduling.cachescope import cache_scope, cacheable
 
 
 class RunCache:
     """Looks each request up before it is sent; stores each new answer.
 
     A request with its own sampling (``input.sampling_column``) is looked up in the scope
-    of that sampling, so the same prompt under other settings is another answer; and
-    only when that sampling is deterministic, with one choice and no logprobs (a cached
-    answer holds one text, and a sample is not worth repeating)."""
+    of that sampling, so the same prompt under other settings is another answer. Each
+    request, under the job's sampling or its own, is cached only when ``cacheable``."""
 
     def __init__(
-        self, cache: ResponseCache, location: str, manifest: dict[str, Any] | None = None
+        self,
+        cache: ResponseCache,
+        location: str,
+        sampling: Sampling,
+        manifest: dict[str, Any] | None = None,
     ) -> None:
         self.cache, self.location = cache, location
         self.answered: set[int] = set()  # request keys answered from the cache
+        self._job_cacheable = cacheable(sampling)  # requests without their own sampling
         self._inputs = (manifest or {}).get("fingerprint_inputs", {})
         self._scoped: dict[str, ResponseCache] = {}  # per-record samplings' caches
 
@@ -42,14 +47,15 @@ class RunCache:
     def open(cls, spec: JobSpec, manifest: dict[str, Any], sampling: Sampling) -> RunCache | None:
         if not spec.cache.path:
             return None
-        scope = _scope(manifest, sampling)
-        return cls(ResponseCache.open(spec.cache.path, scope), spec.cache.path, manifest)
+        scope = cache_scope(manifest.get("fingerprint_inputs", {}), sampling)
+        cache = ResponseCache.open(spec.cache.path, scope)
+        return cls(cache, spec.cache.path, sampling, manifest)
 
     def _for(self, sampling: Sampling | None) -> ResponseCache | None:
         """The cache for a request's own sampling (None: the job's); None: not cached."""
         if sampling is None:
-            return self.cache
-        if not deterministic(sampling) or sampling.n != 1 or sampling.logprobs is not None:
+            return self.cache if self._job_cacheable else None
+        if not cacheable(sampling):
             return None
         key = sampling_key(sampling)
         cache = self._scoped.get(key)
@@ -65,18 +71,22 @@ class RunCache:
         answer = cache.get(request.token_ids) if cache is not None else None
         if answer is None:
             return None
+        try:
+            result = result_of(request.key, answer)
+        except (KeyError, TypeError, ValueError):  # checksummed but not ours: a miss
+            return None
         self.answered.add(request.key)
-        return EngineResult(request.key, **answer)
+        return result
 
     def from_cache(self, key: int) -> bool:
         return key in self.answered
 
     def store(self, token_ids, result: EngineResult, sampling: Sampling | None = None) -> None:
-        """Keep an engine's answer; errors and cached answers are not stored."""
+        """Keep an engine's answer; errors, unfinished and cached answers are not stored."""
         cache = self._for(sampling)
-        if result.error or result.key in self.answered or cache is None:
+        if result.error or result.aborted or result.key in self.answered or cache is None:
             return
-        cache.put(token_ids, {f: getattr(result, f) for f in ANSWER_FIELDS})
+        cache.put(token_ids, answer_of(result))
 
     def section(self) -> dict[str, Any]:
         c = self.cache.counts
@@ -87,3 +97,57 @@ class RunCache:
             "stored": c.stored,
             "damaged_ignored": c.damaged,
         }
+
+
+def answer_of(result: EngineResult) -> dict[str, Any]:
+    """An engine result as the cache stores it (``io.responsecache.ANSWER_FIELDS``)."""
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "output_tokens": result.output_tokens,
+        "cached_tokens": result.cached_tokens,
+        "choices": [
+            {
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "output_tokens": c.output_tokens,
+                "stop_sequence": c.stop_sequence,
+                "logprobs": None if c.logprobs is None else [_token(t) for t in c.logprobs],
+            }
+            for c in result.choices
+        ],
+    }
+
+
+def result_of(key: int, answer: dict[str, Any]) -> EngineResult:
+    """The engine result ``answer_of`` stored, under this run's request ``key``."""
+    choices = tuple(
+        Choice(
+            text=c["text"],
+            finish_reason=c["finish_reason"],
+            output_tokens=int(c["output_tokens"]),
+            stop_sequence=c["stop_sequence"],
+            logprobs=None if c["logprobs"] is None else tuple(map(_logprob, c["logprobs"])),
+        )
+        for c in answer["choices"]
+    )
+    return EngineResult(
+        key,
+        text=answer["text"],
+        finish_reason=answer["finish_reason"],
+        prompt_tokens=int(answer["prompt_tokens"]),
+        output_tokens=int(answer["output_tokens"]),
+        cached_tokens=int(answer["cached_tokens"]),
+        choices=choices,
+    )
+
+
+def _token(t: TokenLogprob) -> dict[str, Any]:
+    top = [_token(x) for x in t.top_logprobs]
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes), "top": top}
+
+
+def _logprob(t: dict[str, Any]) -> TokenLogprob:
+    top = tuple(map(_logprob, t["top"]))
+    return TokenLogprob(t["token"], float(t["logprob"]), tuple(t["bytes"]), top)

@@ -11,6 +11,7 @@ from nightshift.engines.base import Sampling
 from nightshift.io.outputs import JobOutput
 from nightshift.io.responsecache import sample_answers, scope_digest
 from nightshift.jobs.fingerprint import result_inputs
+from nightshift.jobs.sampling import deterministic
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
 
@@ -23,6 +24,12 @@ SCOPE_KEYS = (
     "engine.extra",
 )
 SAMPLE_ANSWERS = 500
+
+
+def cacheable(sampling: Sampling) -> bool:
+    """Whether answers under ``sampling`` may be stored and served: deterministic (the
+    definition dedup uses: temperature 0 or a seed), with one choice and no logprobs."""
+    return deterministic(sampling) and sampling.n == 1 and sampling.logprobs is None
 
 
 def cache_scope(fingerprint_inputs: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
@@ -55,9 +62,10 @@ def sampled_output(spec: JobSpec) -> tuple[float, str] | None:
     )
     if last and answered and last.get("tokens", {}).get("output"):
         return last["tokens"]["output"] / answered, "the previous run's report.json"
-    if not spec.cache.path:
+    sampling = sampling_for(spec, handler_for(spec.task))
+    if not spec.cache.path or not cacheable(sampling):  # a sample is never cached
         return None
-    scope = cache_scope(result_inputs(spec), sampling_for(spec, handler_for(spec.task)))
+    scope = cache_scope(result_inputs(spec), sampling)
     answers = sample_answers(spec.cache.path, scope_digest(scope), SAMPLE_ANSWERS)
     if not answers:
         return None
