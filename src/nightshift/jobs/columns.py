@@ -1,4 +1,10 @@
-"""Which input column types a job can read.
+"""The columns of a job's output: those nightshift writes, and the input types it reads.
+
+The results and failed tables (``running.results``) take their own columns from
+``written_fields`` below, and the spec refuses an id or kept column of any name it gives
+(``OUTPUT_COLUMNS``): one list, so a new output column is refused as input at once.
+rejects.parquet renames its own two columns around the input's instead
+(``io.planstore.reject_column_names``).
 
 The planner and the result writer read the job's columns through polars, which panics
 or refuses on a few Arrow types Parquet can hold. Checking the input's schema up front
@@ -10,6 +16,54 @@ from __future__ import annotations
 import pyarrow as pa
 
 from nightshift.errors import SpecError
+
+TEXT_COLUMN = "text"
+ERROR_COLUMN = "error"  # failed rows: why
+# dedup: the id of the record whose answer a row repeats, null when its own
+ANSWERED_FROM = "answered_from"
+# The results column a job with input.sampling_column adds (see running.results).
+DETAIL_COLUMN = "detail"
+# What each task kind parses out of an answer (jobs.tasks)
+TASK_COLUMNS: dict[str, dict[str, pa.DataType]] = {
+    "generate": {},
+    "classify": {"label": pa.string()},
+    "extract": {"json": pa.string()},
+}
+_COUNTS = [
+    pa.field("finish_reason", pa.string()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("output_tokens", pa.int32()),
+    pa.field("cached_tokens", pa.int32()),
+]
+
+
+def written_fields(
+    id_type: pa.DataType, task_columns: dict[str, pa.DataType], detail: bool
+) -> tuple[list[pa.Field], list[pa.Field]]:
+    """nightshift's own columns of (results, failed), after the id and kept columns."""
+    counts = _COUNTS + [pa.field(ANSWERED_FROM, id_type)]
+    if detail:  # input.sampling_column: every choice, as JSON (running.results.detail_json)
+        counts.append(pa.field(DETAIL_COLUMN, pa.string()))
+    task = [pa.field(name, kind) for name, kind in task_columns.items()]
+    results = [pa.field(TEXT_COLUMN, pa.string()), *task, *counts]
+    failed = [pa.field(ERROR_COLUMN, pa.string()), pa.field(TEXT_COLUMN, pa.string()), *counts]
+    return results, failed
+
+
+def _names_written(detail: bool) -> frozenset[str]:
+    """Every column name ``written_fields`` gives any task kind."""
+    names = set()
+    for columns in TASK_COLUMNS.values():
+        for fields in written_fields(pa.string(), columns, detail):
+            names.update(f.name for f in fields)
+    return frozenset(names)
+
+
+# An id or kept input column may take none of these names: its value would be lost under
+# nightshift's (every task's, so changing the task never makes a spec invalid).
+OUTPUT_COLUMNS = _names_written(detail=False)
+# ... and with input.sampling_column, none of these either.
+DETAIL_COLUMNS = _names_written(detail=True) - OUTPUT_COLUMNS
 
 
 def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:

@@ -19,29 +19,16 @@ from pydantic import (
 
 from nightshift.capacity.settings import CapacitySpec
 
+# The columns nightshift writes beside the input's (results and failed rows): an id or
+# kept column may not take one of their names. DETAIL_COLUMN is imported from here too.
+from nightshift.jobs.columns import DETAIL_COLUMN as DETAIL_COLUMN
+from nightshift.jobs.columns import DETAIL_COLUMNS, OUTPUT_COLUMNS
+
 # The execution sections live in runspec; they are imported from here too.
 from nightshift.jobs.runspec import CacheSpec, CostSpec, PlanSpec, RunSpec, ScheduleSpec
 from nightshift.jobs.runspec import ProviderPrice as ProviderPrice
 from nightshift.jobs.secrets import refuse_secrets
 from nightshift.jobs.section import Section as _Section
-
-# Columns nightshift writes itself into results and failed rows; a kept input column may
-# not take one of these names. (rejects.parquet names its own columns around the input's:
-# io.planstore.reject_column_names.)
-OUTPUT_COLUMNS = frozenset(
-    {
-        "text",
-        "label",
-        "json",
-        "finish_reason",
-        "prompt_tokens",
-        "output_tokens",
-        "cached_tokens",
-        "error",
-    }
-)
-# The results column a job with input.sampling_column adds (see running.results).
-DETAIL_COLUMN = "detail"
 
 
 def _without_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -96,13 +83,11 @@ class InputSpec(_Section):
 
     @model_validator(mode="after")
     def _detail_does_not_clash(self) -> InputSpec:
-        if self.sampling_column is not None and DETAIL_COLUMN in {
-            self.id_column,
-            *self.keep_columns,
-        }:
+        clash = sorted(DETAIL_COLUMNS & {self.id_column, *self.keep_columns})
+        if self.sampling_column is not None and clash:
             raise ValueError(
-                f"with sampling_column, results have a {DETAIL_COLUMN} column; rename the "
-                "input column of that name or leave it out"
+                f"with sampling_column, results have a {', '.join(clash)} column; rename "
+                "the input column of that name or leave it out"
             )
         return self
 

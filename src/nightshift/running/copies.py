@@ -31,7 +31,7 @@ class CopyBook:
     @classmethod
     def load(cls, plans: PlanStore, manifest: dict[str, Any]) -> CopyBook:
         files = manifest.get("records_files", ["plan/records.parquet"])
-        if not manifest.get("repeats", {}).get("copies"):
+        if not _may_have_copies(manifest):
             return cls(plans, {})  # no copies (or a plan from before dedup): read nothing
         columns = {c: plans.read_column(files, c) for c in ("shard", "record_id", ANSWERED_FROM)}
         frame = pl.from_arrow(pa.table(columns)).filter(pl.col(ANSWERED_FROM).is_not_null())
@@ -70,6 +70,14 @@ class CopyBook:
             ):
                 kept[record_id] = row
         return kept
+
+
+def _may_have_copies(manifest: dict[str, Any]) -> bool:
+    """Whether plan.json counts copies. An increment planned before increments counted
+    their own repeats (no ``repeats`` entry) may hold copies the total left out."""
+    if manifest.get("repeats", {}).get("copies"):
+        return True
+    return any("repeats" not in i for i in manifest.get("increments", [])[1:])
 
 
 def copy_rows(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import threading
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,10 @@ class RequestFeed:
         self._input_closed = self._ended = False
         self._ready: deque[EngineRequest] = deque()  # a batch being handed out
         self._pending: Counter = Counter()  # shard -> its requests not yet come back
+        # The prefetch thread adds to ``_pending`` while the feeding thread takes answers
+        # off it: a read-modify-write each, which a thread switch between the read and
+        # the write would lose (a shard then ends its attempt early, or never).
+        self._pending_lock = threading.Lock()
         self._fed: set[int] = set()  # shards whose every record was handed out
         self._newly_fed: list[int] = []
 
@@ -142,7 +147,8 @@ class RequestFeed:
 
     def stuck(self, shard: int) -> bool:
         """Every request of ``shard`` was handed out and came back, answered or not."""
-        return shard in self._fed and not self._pending[shard]
+        with self._pending_lock:
+            return shard in self._fed and not self._pending[shard]
 
     @property
     def retrying(self) -> bool:
@@ -175,8 +181,9 @@ class RequestFeed:
         requests = []
         for record_id, row, tokens, sampling in zip(ids, kept, token_ids, samplings, strict=True):
             key = next(self._keys)
+            with self._pending_lock:  # counted before the request can come back
+                self._pending[shard] += 1
             self.in_flight[key] = Pending(shard, record_id, row, tokens, sampling=sampling)
-            self._pending[shard] += 1
             requests.append(EngineRequest(key, tokens, sampling))
         return requests
 
@@ -190,7 +197,8 @@ class RequestFeed:
     def answered(self, key: int) -> Pending:
         """The record whose result has come back under ``key``."""
         pending = self.in_flight.pop(key)
-        self._pending[pending.shard] -= 1
+        with self._pending_lock:
+            self._pending[pending.shard] -= 1
         return pending
 
     def retry(self, key: int) -> bool:

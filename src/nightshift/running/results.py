@@ -1,4 +1,4 @@
-"""Turn engine results into output rows: parsed answers, failures and rejects.
+"""Turn engine results into output rows: parsed answers and failures.
 
 Each table's schema is fixed up front (input columns keep their input types), so every
 part file of a run has the same schema and the parts read as one dataset.
@@ -14,19 +14,12 @@ import pyarrow as pa
 
 from nightshift.engines.base import EngineResult, TokenLogprob
 from nightshift.errors import RecordError
-from nightshift.jobs.spec import DETAIL_COLUMN
+from nightshift.jobs.columns import DETAIL_COLUMN, written_fields
 from nightshift.jobs.tasks import TaskHandler
-
-_COUNTS = [
-    pa.field("finish_reason", pa.string()),
-    pa.field("prompt_tokens", pa.int32()),
-    pa.field("output_tokens", pa.int32()),
-    pa.field("cached_tokens", pa.int32()),
-]
 
 
 class ResultTables:
-    """Schemas and row builders for results, failures and rejects of one job."""
+    """Schemas and row builders for the results and failed rows of one job."""
 
     def __init__(
         self,
@@ -39,19 +32,11 @@ class ResultTables:
         self.task, self.detail = task, detail
         keep = [c for c in keep if c != id_column]  # the id is always the first column
         head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
-        task_fields = [pa.field(name, kind) for name, kind in task.columns.items()]
-        # dedup: the id of the record whose answer this row repeats, null when its own
-        counts = _COUNTS + [pa.field("answered_from", input_schema.field(id_column).type)]
-        if detail:  # input.sampling_column: every choice, as JSON (see ``detail_json``)
-            counts.append(pa.field(DETAIL_COLUMN, pa.string()))
-        self.results = pa.schema(head + [pa.field("text", pa.string())] + task_fields + counts)
-        self.failed = pa.schema(
-            head + [pa.field("error", pa.string()), pa.field("text", pa.string())] + counts
-        )
-        self.rejects = pa.schema(
-            list(input_schema)
-            + [pa.field("reason", pa.string()), pa.field("reject_kind", pa.string())]
-        )
+        # nightshift's own columns: the spec refuses input columns of these names
+        # (jobs.columns.OUTPUT_COLUMNS is made from the same list)
+        results, failed = written_fields(input_schema.field(id_column).type, task.columns, detail)
+        self.results = pa.schema(head + results)
+        self.failed = pa.schema(head + failed)
         self._id_column = id_column
 
     def row(self, record_id: Any, kept: dict[str, Any], result: EngineResult) -> tuple[dict, bool]:
@@ -79,10 +64,6 @@ class ResultTables:
 
     def failed_table(self, rows: list[dict]) -> pa.Table:
         return pa.Table.from_pylist(rows, schema=self.failed)
-
-    def rejects_table(self, rejects: pa.Table) -> pa.Table:
-        """The plan's rejects (input columns, reason, reject_kind) in this job's schema."""
-        return rejects.select(self.rejects.names).cast(self.rejects)
 
 
 def detail_json(result: EngineResult) -> str:

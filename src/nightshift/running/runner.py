@@ -18,7 +18,7 @@ from nightshift.jobs.fingerprint import changed_keys, plan_stamp
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.progress import LiveProgress
 from nightshift.running.shards import ShardRunner
-from nightshift.scheduling.increments import add_new_records
+from nightshift.scheduling.increments import add_new_records, input_listing, input_may_have_grown
 from nightshift.scheduling.plan import build_plan, describe, load_encoder
 
 
@@ -65,8 +65,9 @@ def start_run(
         )
     encoder = load_encoder(spec)
     if manifest is None:
+        listing = {"input_listing": input_listing(spec)}  # before reading (increments)
         plan = build_plan(spec, encoder, progress)
-        output.plans.write(plan, {**describe(plan, spec), **stamp})  # before generation
+        output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
         manifest = output.plans.manifest()
     elif spec.run.incremental and not as_worker:
         manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
@@ -80,9 +81,11 @@ def start_run(
 
 
 def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
-    """Whether a run of ``spec`` will likely generate, from the plan and markers alone
-    (cheap: no input is read), so its engine can start while the plan is built. An
-    output whose plan is all committed, or holds another job's run, starts none early."""
+    """Whether a run of ``spec`` will likely generate, from the plan, markers and the
+    input's file listing alone (cheap: no input is read), so its engine can start while
+    the plan is built. An output whose plan is all committed starts none early unless
+    ``run.incremental`` and the input's files changed since the last plan (new records,
+    likely: a nightly run's); one that holds another job's run starts none."""
     if overwrite or new_run:
         return True
     output = JobOutput(spec.output.path)
@@ -92,7 +95,9 @@ def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
     if manifest.get("fingerprint") != plan_stamp(spec)["fingerprint"]:
         return False  # start_run refuses it
     committed = output.shards.committed()
-    return any(s["index"] not in committed for s in manifest["shards"]["each"])
+    if any(s["index"] not in committed for s in manifest["shards"]["each"]):
+        return True
+    return spec.run.incremental and input_may_have_grown(spec, manifest)
 
 
 def raise_if_failed(job: JobRun) -> None:

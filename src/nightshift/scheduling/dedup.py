@@ -24,12 +24,14 @@ import hashlib
 import polars as pl
 
 from nightshift.errors import RecordError
+from nightshift.jobs import columns
 from nightshift.jobs.sampling import SamplingColumn, deterministic, sampling_key
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.tasks import handler_for, sampling_for
 from nightshift.scheduling.render import Renderer
 
 DIGEST = "_prompt_digest"
-ANSWERED_FROM = "answered_from"
+ANSWERED_FROM = columns.ANSWERED_FROM  # results' column too (jobs.columns: never an input's)
 
 
 def dedup_applies(spec: JobSpec) -> bool:
@@ -37,7 +39,7 @@ def dedup_applies(spec: JobSpec) -> bool:
     ``input.sampling_column`` each record's own sampling decides (``prompt_digests``)."""
     if spec.input.sampling_column is not None:
         return True
-    return spec.sampling.temperature == 0 or spec.sampling.seed is not None
+    return deterministic(sampling_for(spec, handler_for(spec.task)))  # as the cache decides
 
 
 def prompt_digests(

@@ -6,23 +6,37 @@ earlier plan holds (as runnable or rejected) are planned as an increment, with s
 numbered after the existing ones. So a night adds only its new records, every id
 appears in the output once, and shards already planned never change (DESIGN invariant 4).
 
+Each increment finds the exact repeats among its own records as the first plan does
+(``scheduling.dedup``), and plan.json's ``repeats`` adds up every increment's. A new
+record that repeats an earlier night's prompt is not a copy: its original sits in a
+committed shard, which never changes (copies commit in their original's shard); the
+response cache (``cache.path``) is what answers it without generating.
+
+plan.json records the input's file listing (``input_listing``) at each plan and
+increment, so a run can tell without reading the input whether it may hold new records
+(``running.runner.work_may_be_left``, the engine's head start).
+
 Set ``run.incremental: false`` to make a rerun only resume. To generate everything
 again, run with ``--overwrite`` (replace) or ``--new-run`` (a fresh output beside it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import posixpath
 from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from nightshift.engines.tokenizer import PromptEncoder
-from nightshift.errors import InputError
-from nightshift.io.inputs import READ_BATCH, file_batches
-from nightshift.io.planstore import REJECTS, PlanStore, increment_files, input_schema
+from nightshift.errors import InputError, NightshiftError
+from nightshift.io.inputs import READ_BATCH, file_batches, input_files
+from nightshift.io.planstore import MANIFEST, REJECTS, PlanStore, increment_files, input_schema
 from nightshift.jobs.spec import JobSpec
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.plan import build_plan, describe, open_job_input
@@ -38,9 +52,14 @@ def add_new_records(
     progress: bool,
 ) -> dict[str, Any]:
     """Plan the input's records that no plan in this output holds yet; return the
-    manifest with them added (or unchanged, when there are none)."""
+    manifest with them added (or unchanged but for the input listing, when there are
+    none)."""
+    listing = input_listing(spec)  # before reading: a file added meanwhile shows next time
     known = KnownIds(planned_ids(plans, manifest, spec.input.id_column))  # built once
     if not _has_new_ids(spec, known):
+        if listing != manifest.get("input_listing"):  # touched, not grown: say so once
+            manifest = {**manifest, "input_listing": listing}
+            plans.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
         return manifest
     first_shard = 1 + max((s["index"] for s in manifest["shards"]["each"]), default=-1)
     plan = build_plan(spec, encoder, progress, skip_ids=known, first_shard=first_shard)
@@ -51,7 +70,7 @@ def add_new_records(
         )
     increment = len(increments(manifest))
     summary = describe(plan, spec)
-    merged = merge_manifests(manifest, summary, increment)
+    merged = {**merge_manifests(manifest, summary, increment), "input_listing": listing}
     plans.write(plan, merged, increment)
     log.info("planned %d new records as increment %d", plan.records.height, increment)
     return plans.manifest()
@@ -77,6 +96,39 @@ def _has_new_ids(spec: JobSpec, known: KnownIds) -> bool:
     return False
 
 
+def input_listing(spec: JobSpec) -> str | None:
+    """A digest of the input's file listing (paths, sizes, modification times): one
+    listing, no file read. None when the input cannot be listed (planning says why)."""
+    try:
+        fs, files = input_files(spec.input.path, exclude=spec.output.path)
+        infos = _file_infos(fs, files)
+    except (NightshiftError, OSError):
+        return None
+    h = hashlib.sha256()
+    for info in sorted(infos, key=lambda i: i.path):
+        h.update(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _file_infos(fs: pafs.FileSystem, files: list[str]) -> list[pafs.FileInfo]:
+    """Size and modification time of ``files``: one listing of the folder they share
+    (on S3 a LIST, where a HEAD per file would cost one request each)."""
+    if len(files) > 1:
+        wanted = set(files)
+        selector = pafs.FileSelector(posixpath.commonpath(files), recursive=True)
+        found = [info for info in fs.get_file_info(selector) if info.path in wanted]
+        if len(found) == len(wanted):
+            return found
+    return fs.get_file_info(files)  # one file, or the listing named them otherwise
+
+
+def input_may_have_grown(spec: JobSpec, manifest: dict[str, Any]) -> bool:
+    """Whether the input's listing differs from the one plan.json recorded (or it
+    recorded none): the input may hold records no increment planned yet."""
+    recorded = manifest.get("input_listing")
+    return recorded is None or input_listing(spec) != recorded
+
+
 def increments(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The increments a manifest adds up; a plan from before increments is the first."""
     first = {
@@ -84,11 +136,13 @@ def increments(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         "records": manifest["records"]["runnable"],
         "rejected": manifest["records"]["rejected"],
         "shards": [s["index"] for s in manifest["shards"]["each"]],
+        "repeats": manifest.get("repeats", _NO_REPEATS),
     }
     return manifest.get("increments") or [first]
 
 
 _FIRST = increment_files(0)
+_NO_REPEATS = {"copies": 0, "prompt_tokens_not_sent": 0}
 _SUMMED = {"records": ("input", "runnable", "rejected", "over_length")}
 
 
@@ -112,6 +166,7 @@ def merge_manifests(old: dict[str, Any], new: dict[str, Any], increment: int) ->
         "prefix_reuse": _merge_reuse(old, new),
         "records_files": old.get("records_files", [_FIRST["records"]]) + [files["records"]],
         "rejects_files": old.get("rejects_files", [REJECTS]) + [files["rejects"]],
+        "repeats": _add_counts(old.get("repeats", {}), new.get("repeats", {})),
         "increments": increments(old) + [_increment_entry(new, increment)],
     }
     merged.pop("input_schema")  # written again by PlanStore.write
@@ -125,6 +180,7 @@ def _increment_entry(new: dict[str, Any], increment: int) -> dict[str, Any]:
         "records": new["records"]["runnable"],
         "rejected": new["records"]["rejected"],
         "shards": [s["index"] for s in new["shards"]["each"]],
+        "repeats": new.get("repeats", _NO_REPEATS),
     }
 
 
