@@ -30,6 +30,7 @@ class ServeSettings:
     overrides: list[str] = field(default_factory=list)
     max_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50_000
+    public_url: str | None = None  # the base of links handed out; else the bind address
 
     def model_names(self) -> list[str]:
         """The names a request's ``model`` may give (``/v1/models`` lists them)."""
@@ -120,21 +121,17 @@ def input_problems(batches: BatchStore, record: dict[str, Any]) -> list[dict[str
     validating, with ``errors``): an empty file, a file with no JSON line, or a file
     whose requests are for another endpoint than the batch's. Single bad lines are not
     problems here: they get their lines in the errors file."""
-    import json
-
     from nightshift.batch.openai import OpenAIParser
-    from nightshift.batch.records import BadRequest
+    from nightshift.batch.records import BadRequest, content_lines, load_line
 
     if record["provider"] != "openai":
         return []
     parser, lines, objects = OpenAIParser(), 0, 0
-    for number, raw in enumerate(batches.file_content(record["input_file_id"]).splitlines(), 1):
-        if not raw.strip():
-            continue
+    for number, raw in content_lines(batches.file_content(record["input_file_id"])):
         lines += 1
-        try:
-            line = json.loads(raw)
-        except ValueError:
+        try:  # the loader conversion uses: a line too deep for it is no object here either
+            line = load_line(raw)
+        except BadRequest:
             continue
         if not isinstance(line, dict):
             continue

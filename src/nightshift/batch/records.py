@@ -15,7 +15,9 @@ per-record override of the job's sampling: ``input.sampling_column``).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,21 @@ SAMPLING_KEYS = (
     "json_object",
     "logprobs",
     "top_logprobs",
+)
+# The deepest a request line may nest: real requests (a JSON schema in response_format
+# included) stay far below, and every later stage (pydantic, json.dumps of the sampling,
+# a schema compiled for guided decoding) recurses once a level.
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# A line is decoded as strict UTF-8 (json.loads on bytes would let the UTF-8 form of a
+# surrogate through), so a lone surrogate can only come from a \uD800-\uDFFF escape:
+# the escape is looked for first, the strings only then.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\\ud800-\\udfff]")
+_SURROGATE_PROBLEM = (
+    "holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape outside a pair), which is "
+    "not text; send valid Unicode"
 )
 
 
@@ -110,12 +127,68 @@ def sampling_json(values: dict[str, Any]) -> str:
     return json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def numbered_lines(stream: BinaryIO, digest: Any) -> Iterator[tuple[int, bytes]]:
-    """Each non-blank line with its 1-based number; every byte also goes to ``digest``."""
+def numbered_lines(stream: BinaryIO, digest: Any = None) -> Iterator[tuple[int, bytes]]:
+    """Each non-blank line with its 1-based number; every byte also goes to ``digest``.
+
+    The one line splitter of batch files: lines end at ``\\n`` only (a lone ``\\r`` is
+    JSON whitespace inside a line), so counts, line numbers and conversion agree."""
     for number, raw in enumerate(stream, start=1):
-        digest.update(raw)
+        if digest is not None:
+            digest.update(raw)
         if raw.strip():
             yield number, raw
+
+
+def content_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
+    """``numbered_lines`` of a file held in memory."""
+    return numbered_lines(io.BytesIO(content))
+
+
+def load_line(raw: bytes) -> Any:
+    """One line's JSON value, or ``BadRequest`` (``invalid_json``): a line that is not
+    UTF-8, not JSON, or nested deeper than ``MAX_DEPTH`` (told before parsing, so no
+    stage ever recurses deeply on it)."""
+    if nesting_depth(raw) > MAX_DEPTH:
+        raise BadRequest(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", "invalid_json")
+    try:
+        return json.loads(raw.decode("utf-8").removeprefix("\ufeff"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"not valid JSON ({exc})"[:300], "invalid_json") from None
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest, told from its bytes (the
+    strings taken out); a few counts when it cannot be deep at all."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    for bracket in _STRING.sub(b"", raw).translate(None, _NOT_BRACKET):
+        depth += 1 if bracket in b"[{" else -1
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+    return deepest
+
+
+def lone_surrogate(value: Any, raw: bytes) -> str | None:
+    """Where ``value`` (the JSON of ``raw``) holds a lone UTF-16 surrogate, which no
+    text encoding can carry (the tokenizer, Parquet and the output file would each fail
+    on it); None when nowhere."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return None
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str) and _LONE_SURROGATE.search(item):
+            return where or "the line"
+        if isinstance(item, dict):
+            for key, inner in reversed(item.items()):
+                if _LONE_SURROGATE.search(key):
+                    return f"a key of {where or 'the line'}"
+                stack.append((f"{where}.{key}" if where else key, inner))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+    return None
 
 
 def file_digest(path: Path) -> str:
@@ -155,9 +228,9 @@ def _one_line(
     number: int, raw: bytes, parser: LineParser, served: list[str], seen: set[str]
 ) -> BadLine | tuple[str, Request]:
     try:
-        line = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return BadLine(number, None, "invalid_json", f"line {number}: not valid JSON ({exc})")
+        line = load_line(raw)
+    except BadRequest as exc:
+        return BadLine(number, None, exc.code, f"line {number}: {exc}")
     if not isinstance(line, dict):
         return BadLine(number, None, "invalid_json", f"line {number}: not a JSON object")
     custom_id = parser.custom_id(line)
@@ -166,6 +239,9 @@ def _one_line(
     if not isinstance(custom_id, str) or not custom_id:
         problem = f"line {number}: custom_id must be a non-empty string, got {custom_id!r}"
         return BadLine(number, None, "invalid_custom_id", problem, ID_COLUMN)
+    if _LONE_SURROGATE.search(custom_id):  # never echoed: no output line could hold it
+        problem = f"line {number}: custom_id {_SURROGATE_PROBLEM}"
+        return BadLine(number, None, "invalid_custom_id", problem, ID_COLUMN)
     if custom_id in seen:
         problem = (
             f"line {number}: custom_id {custom_id!r} repeats an earlier line's; only the first runs"
@@ -173,12 +249,20 @@ def _one_line(
         return BadLine(number, custom_id, "duplicate_custom_id", problem, ID_COLUMN)
     seen.add(custom_id)
     try:
+        _refuse_surrogates(line, raw)
         request = parser.parse(line, number)
         check_model(request.model, served)
     except BadRequest as exc:
         return BadLine(number, custom_id, exc.code, f"line {number}: {exc}", exc.param)
     request.model = request.model or served[0]
     return custom_id, request
+
+
+def _refuse_surrogates(line: dict[str, Any], raw: bytes) -> None:
+    where = lone_surrogate(line, raw)
+    if where is not None:
+        param = None if where.startswith(("a key", "the line")) else where
+        raise BadRequest(f"{where} {_SURROGATE_PROBLEM}", param=param)
 
 
 def check_model(model: Any, served: list[str]) -> None:

@@ -5,14 +5,16 @@ The work folder (default ``OUTPUT.nightshift/`` beside OUTPUT, local or S3) hold
     WORK/input/records.parquet   the runnable requests (``batch.records``)
     WORK/input/bad-lines.json    the lines that cannot run, each with its problem
     WORK/job.yaml                the job spec that runs them (for reading; rebuilt each run)
-    WORK/batch.json              the input's digest, format, served names, created time;
+    WORK/batch.json              the input's digest, format, served names, created time
+                                 and the destinations it may replace (those it wrote);
                                  written last: no batch.json, no conversion
     WORK/job/                    the job's output: plan, checkpoints, markers, report
 
 The input is converted once; a rerun finds batch.json, checks the input is the same
 file (else refuses), and resumes the job, which skips what it committed. Once the job is
 done, OUTPUT (and ERRORS) are written whole from its committed answers, so a finished
-batch run again rewrites the same bytes.
+batch run again rewrites the same bytes. A rerun replaces only destinations batch.json
+names; given another OUTPUT or ERRORS, it writes a new file but never replaces one.
 """
 
 from __future__ import annotations
@@ -28,9 +30,25 @@ from typing import Any
 import yaml
 
 from nightshift.batch.anthropic import AnthropicParser
+from nightshift.batch.destinations import (
+    check_destination,
+    check_work,
+    claimed,
+    default_errors_url,
+    distinct,
+    legacy_claims,
+)
 from nightshift.batch.openai import OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
-from nightshift.batch.records import ID_COLUMN, SAMPLING_COLUMN, BadLine, convert, file_digest
+from nightshift.batch.records import (
+    ID_COLUMN,
+    SAMPLING_COLUMN,
+    BadLine,
+    BadRequest,
+    convert,
+    file_digest,
+    load_line,
+)
 from nightshift.batch.results import Written
 from nightshift.batch.shapes import Context
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
@@ -41,7 +59,7 @@ MARKER = "batch.json"
 RECORDS = "input/records.parquet"
 BAD_LINES = "input/bad-lines.json"
 JOB_DIR = "job"
-SETTABLE_KEYS = ("model.max_model_len", "model.dtype")
+SETTABLE_KEYS = ("model.max_model_len", "model.dtype", "cache.path")  # cache: answers only
 SETTABLE_SECTIONS = ("engine.", "plan.", "run.", "cost.")
 # Defaults for a first run. A request without max_tokens gets DEFAULT_MAX_TOKENS (at most
 # half the context); without temperature/top_p the providers' own defaults, 1 and 1.
@@ -87,17 +105,21 @@ def run_batch(
     model_path = _model_folder(model)
     served = list(dict.fromkeys(served_names or [model_path.name]))
     check_overrides(overrides or [])
+    for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
+        if url is not None:
+            check_destination(option, url)
     work_url = (work_url or f"{output_url.rstrip('/')}.nightshift").rstrip("/")
+    check_work(work_url)
     work = open_store(work_url)
     with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
         source = _local_input(input_url, Path(tmp))
         marker = _found(work, source, fmt, served, input_url, work_url)
         fmt = marker["format"] if marker else _detect(source, input_url, fmt)
         errors_url = _errors_url(fmt, errors_url, output_url)
-        _distinct(input_url, output_url, errors_url)
-        if marker is None:  # a new batch: it replaces no file it did not write
-            _absent(output_url, errors_url, work_url)
-            marker = _convert(work, source, fmt, served, input_url, Path(tmp))
+        given = {"OUTPUT": output_url, "--errors": errors_url}
+        claims = _claim(work, marker, given, input_url, work_url)
+        if marker is None:
+            marker = _convert(work, source, fmt, served, input_url, Path(tmp), claims)
         outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
         outcome.format = marker["format"]
         if marker["records"]:
@@ -125,12 +147,6 @@ def _write_files(
     return write_outputs(ctx, marker["format"], outcomes(records, bad, job), output_url, errors_url)
 
 
-def default_errors_url(output_url: str) -> str:
-    """``out.jsonl`` -> ``out.errors.jsonl`` beside it (any other name: NAME.errors.jsonl)."""
-    base = output_url.removesuffix(".jsonl")
-    return f"{base}.errors.jsonl"
-
-
 def check_overrides(overrides: list[str]) -> None:
     for item in overrides:
         key = item.partition("=")[0].strip()
@@ -139,8 +155,8 @@ def check_overrides(overrides: list[str]) -> None:
         raise SpecError(
             "--set",
             f"{key or repr(item)} cannot be set for a batch",
-            "batch run takes model.max_model_len, model.dtype, engine.*, plan.*, run.* and "
-            "cost.*; "
+            "batch run takes model.max_model_len, model.dtype, cache.path, engine.*, plan.*, "
+            "run.* and cost.*; "
             "each request carries its own sampling",
         )
 
@@ -160,6 +176,8 @@ def _local_input(input_url: str, tmp: Path) -> Path:
             return open_store(parent).download(name, tmp / "input.jsonl")
         except ObjectNotFound:
             raise UserError(f"INPUT: {input_url} does not exist") from None
+        except ValueError:  # a key no store takes (a backslash, an empty part)
+            raise UserError(f"INPUT: {input_url} names no object") from None
     path = Path(input_url).expanduser()
     if not path.is_file():
         raise UserError(
@@ -181,8 +199,31 @@ def _found(
     return marker
 
 
+def _claim(
+    work: ObjectStore, marker: dict | None, given: dict, input_url: str, work_url: str
+) -> list[str]:
+    """The destinations this batch may write (refusing an existing file it never wrote),
+    recorded in its marker before anything is written there; a new batch's go into the
+    marker its conversion writes."""
+    if given["--errors"] is not None:
+        check_destination("--errors", given["--errors"])  # the default one too
+    distinct(input_url, given["OUTPUT"], given["--errors"])
+    wrote = [] if marker is None else marker.get("destinations", legacy_claims(work_url))
+    claims = claimed(wrote, given, work_url)
+    if marker is not None and claims != marker.get("destinations"):
+        marker["destinations"] = claims
+        work.put_bytes(MARKER, json.dumps(marker, indent=2).encode())
+    return claims
+
+
 def _convert(
-    work: ObjectStore, source: Path, fmt: str, served: list[str], input_url: str, tmp: Path
+    work: ObjectStore,
+    source: Path,
+    fmt: str,
+    served: list[str],
+    input_url: str,
+    tmp: Path,
+    claims: list[str],
 ) -> dict[str, Any]:
     """Convert a new batch's input into the work folder; its batch.json, written last."""
     digest = file_digest(source)
@@ -204,6 +245,7 @@ def _convert(
         "records": done.records,
         "bad_lines": len(done.bad),
         "created": int(time.time()),
+        "destinations": claims,  # the files this batch may replace: those it writes
     }
     work.put_bytes(MARKER, json.dumps(marker, indent=2).encode())
     return marker
@@ -218,33 +260,6 @@ def _errors_url(fmt: str, errors_url: str | None, output_url: str) -> str | None
             "in OUTPUT; leave --errors out"
         )
     return None
-
-
-def _distinct(input_url: str, output_url: str, errors_url: str | None) -> None:
-    """OUTPUT and ERRORS name neither INPUT nor each other (each would replace the other)."""
-    names = {"INPUT": _where(input_url), "OUTPUT": _where(output_url)}
-    given = {"OUTPUT": output_url, "--errors": errors_url}
-    for option, other in (("OUTPUT", "INPUT"), ("--errors", "INPUT"), ("--errors", "OUTPUT")):
-        url = given[option]
-        if url is not None and _where(url) == names[other]:
-            raise UserError(f"{option}: {url} is {other}; write the results to another file")
-
-
-def _where(url: str) -> str:
-    return url.rstrip("/") if url.startswith("s3://") else str(Path(url).expanduser().resolve())
-
-
-def _absent(output_url: str, errors_url: str | None, work_url: str) -> None:
-    """nightshift replaces only files it wrote: a new batch finds no OUTPUT or ERRORS."""
-    for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
-        if url is None:
-            continue
-        parent, _, name = url.rstrip("/").rpartition("/")
-        if open_store(parent or ".").exists(name):
-            raise UserError(
-                f"{option}: {url} already exists, and this batch did not write it (no "
-                f"{work_url}/{MARKER}); remove it or give another file"
-            )
 
 
 def _same_batch(
@@ -271,9 +286,9 @@ def _detect(source: Path, input_url: str, fmt: str) -> str:
     with open(source, "rb") as stream:
         for raw in stream:
             anything = anything or bool(raw.strip())
-            try:
-                line = json.loads(raw)
-            except ValueError:
+            try:  # the loader conversion uses: a line too deep is no request here either
+                line = load_line(raw)
+            except BadRequest:
                 continue
             if isinstance(line, dict) and "params" in line:
                 found = found or "anthropic"

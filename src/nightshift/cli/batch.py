@@ -54,18 +54,20 @@ def run(
     """Run a batch file through the model; write the provider's output and error lines.
     Rerun the same command to resume after a kill or a stop."""
     from nightshift.batch.run import run_batch
+    from nightshift.pipelines.stops import overrun_exits
 
-    outcome = run_batch(
-        input_file,
-        output_file,
-        model=model,
-        errors_url=errors,
-        fmt=fmt,
-        served_names=served_model_name or None,
-        overrides=overrides or None,
-        work_url=work,
-        progress=not quiet and sys.stderr.isatty(),
-    )
+    with overrun_exits():  # this process's whole life is this batch: a stop may end it
+        outcome = run_batch(
+            input_file,
+            output_file,
+            model=model,
+            errors_url=errors,
+            fmt=fmt,
+            served_names=served_model_name or None,
+            overrides=overrides or None,
+            work_url=work,
+            progress=not quiet and sys.stderr.isatty(),
+        )
     if outcome.stopped:
         typer.echo(
             "stopped: the answers held are checkpointed; rerun the same command to answer "
