@@ -3,7 +3,9 @@
 Objects have the SDK's ``MessageBatch`` shape; results are JSONL lines of
 ``MessageBatchIndividualResponse`` (``succeeded``, ``errored``, and ``canceled`` for
 requests a cancel kept from running). Lists run newest first, paged with ``before_id``,
-``after_id`` and ``limit``.
+``after_id`` and ``limit``. ``results_url`` starts with the server's public URL
+(``--public-url``, else the bind address), never with the request's Host: the SDK sends
+the API key to whatever that URL names.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from nightshift.batch.http import ApiError
+from nightshift.batch.http import ApiError, public_base_url
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState
 from nightshift.batch.store import new_id, valid_id
@@ -29,11 +31,15 @@ _PROCESSING = {"cancelling": "canceling", "completed": "ended", "failed": "ended
 
 def anthropic_router(state: ServerState) -> APIRouter:
     router = APIRouter(prefix="/v1/messages/batches", dependencies=[state.auth])
+    settings = state.settings
+    base = public_base_url(settings.host, settings.port, settings.public_url)
 
     @router.post("")
     async def create(request: Request) -> dict:
         body = await state.json_body(request)
-        lines = _request_lines(body.get("requests"), state.settings.max_lines)
+        lines = await run_in_threadpool(
+            _request_lines, body.get("requests"), state.settings.max_lines
+        )
         batch_id = new_id("msgbatch")
         data = ("\n".join(lines) + "\n").encode()
         key = state.batches.input_key(batch_id)  # the store may be a bucket: off the loop
@@ -41,40 +47,46 @@ def anthropic_router(state: ServerState) -> APIRouter:
         record = new_record("anthropic", batch_id, len(lines), endpoint="/v1/messages")
         await run_in_threadpool(state.batches.put_batch, record)
         state.queue.wake()
-        return message_batch(record, request)
+        return message_batch(record, base)
 
     @router.get("/{batch_id}")
-    def retrieve(batch_id: str, request: Request) -> dict:
-        return message_batch(_batch(state, batch_id), request)
+    def retrieve(batch_id: str) -> dict:
+        return message_batch(_batch(state, batch_id), base)
 
     @router.get("/{batch_id}/results")
     def results(batch_id: str) -> StreamingResponse:
         record = _batch(state, batch_id)
         if record["status"] not in ("completed", "failed", "cancelled"):
             raise ApiError(400, f"batch {batch_id} has not ended yet: no results")
+        missing = [
+            f
+            for f in record["results"]
+            if not state.batches.store.exists(state.batches.file_key(f))
+        ]
+        if missing:  # said before the headers: a 200 must carry every line
+            raise ApiError(404, f"the results of batch {batch_id} are missing from the store")
         return StreamingResponse(_results(state, record), media_type="application/x-jsonl")
 
     @router.post("/{batch_id}/cancel")
-    def cancel(batch_id: str, request: Request) -> dict:
+    def cancel(batch_id: str) -> dict:
         record = _batch(state, batch_id)
         if record["status"] not in ("validating", "in_progress", "cancelling"):
             raise ApiError(409, f"batch {batch_id} has ended: nothing to cancel")
         record = mark_cancelling(state.batches, batch_id) or record
         state.queue.cancel(batch_id)
-        return message_batch(state.batches.batch(batch_id) or record, request)
+        return message_batch(state.batches.batch(batch_id) or record, base)
 
     @router.get("")
     def list_batches(
-        request: Request,
         before_id: str | None = None,
         after_id: str | None = None,
         limit: int = 20,
     ) -> dict:
         if not 1 <= limit <= 1000:
             raise ApiError(400, "limit must be between 1 and 1000")
-        records = list(reversed(state.batches.batches("msgbatch")))
-        page, has_more = _page(records, before_id, after_id, limit)
-        data = [message_batch(r, request) for r in page]
+        ids = state.batches.batch_ids("msgbatch")[::-1]  # keys only: one page of records
+        page, has_more = _page(state, ids, before_id, after_id, limit)
+        data = [message_batch(r, base) for r in page]
         return {
             "data": data,
             "has_more": has_more,
@@ -85,14 +97,14 @@ def anthropic_router(state: ServerState) -> APIRouter:
     return router
 
 
-def message_batch(record: dict[str, Any], request: Request) -> dict[str, Any]:
+def message_batch(record: dict[str, Any], base: str) -> dict[str, Any]:
     status = _PROCESSING.get(record["status"], "in_progress")
     if record["status"] == "cancelled":
         status = "ended"
     counts, ended = record["request_counts"], status == "ended"
     done = counts["completed"] + counts["failed"]
     cancelled = record["status"] == "cancelled"
-    results_url = str(request.base_url).rstrip("/") + f"/v1/messages/batches/{record['id']}/results"
+    results_url = f"{base}/v1/messages/batches/{record['id']}/results"
     return {
         "id": record["id"],
         "type": "message_batch",
@@ -137,17 +149,18 @@ def _request_lines(requests: object, max_lines: int) -> list[str]:
     return lines
 
 
-def _page(records: list[dict], before: str | None, after: str | None, limit: int):
-    ids = [r["id"] for r in records]
+def _page(state: ServerState, ids: list[str], before: str | None, after: str | None, limit: int):
+    """The page of ``ids`` (newest first) before or after a cursor; only its records
+    are read."""
     for name, value in (("before_id", before), ("after_id", after)):
         if value is not None and not valid_id("msgbatch", value):
             raise ApiError(400, f"{name} must be a message batch id")
     if before is not None:
         end = ids.index(before) if before in ids else 0
-        start = max(0, end - limit)
-        return records[start:end], start > 0
+        page, more = state.batches.read_page(ids[:end][::-1], limit)
+        return page[::-1], more
     start = ids.index(after) + 1 if after in ids else (0 if after is None else len(ids))
-    return records[start : start + limit], start + limit < len(records)
+    return state.batches.read_page(ids[start:], limit)
 
 
 def _results(state: ServerState, record: dict[str, Any]) -> Iterator[bytes]:

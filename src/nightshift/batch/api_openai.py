@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState, count_lines
-from nightshift.batch.store import UNFINISHED, file_object, new_id, valid_id
+from nightshift.batch.store import file_object, new_id, valid_id
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 _CHUNK = 1 << 20
@@ -68,10 +68,15 @@ def openai_router(state: ServerState) -> APIRouter:
     @router.delete("/files/{file_id}")
     def delete_file(file_id: str) -> dict:
         _file(state, file_id)
-        for record in state.batches.batches("batch"):
-            if record["input_file_id"] == file_id and record["status"] in UNFINISHED:
-                raise ApiError(409, f"file {file_id} is the input of {record['id']}, unfinished")
-        state.batches.delete_file(file_id)
+        user = state.batches.delete_file(file_id)
+        if user is not None:
+            raise ApiError(
+                409,
+                f"file {file_id} is needed by batch {user}: a batch's results are kept "
+                "while it exists, its input until it ends",
+                param="file_id",
+                code="file_in_use",
+            )
         return {"id": file_id, "object": "file", "deleted": True}
 
     @router.post("/batches")
@@ -96,7 +101,8 @@ def openai_router(state: ServerState) -> APIRouter:
             completion_window="24h",
             metadata=metadata,
         )
-        await run_in_threadpool(state.batches.put_batch, record)
+        if not await run_in_threadpool(state.batches.put_batch, record, (input_id,)):
+            raise ApiError(404, f"no such file: {input_id!r}", param="input_file_id")
         state.queue.wake()
         return batch_object(record, state)
 
@@ -117,8 +123,10 @@ def openai_router(state: ServerState) -> APIRouter:
     def list_batches(after: str | None = None, limit: int = 20) -> dict:
         if not 1 <= limit <= 100:
             raise ApiError(400, "limit must be between 1 and 100", param="limit")
-        records = [batch_object(r, state) for r in reversed(state.batches.batches("batch"))]
-        return _list_page(records, after, limit, "batch")
+        ids = state.batches.batch_ids("batch")[::-1]  # keys only: one page of records read
+        start = _after(ids, after, "batch")
+        records, has_more = state.batches.read_page(ids[start:], limit)
+        return _page_object([batch_object(r, state) for r in records], has_more)
 
     @router.get("/models")
     def models() -> dict:
@@ -201,19 +209,27 @@ def _usage(usage: dict[str, int]) -> dict[str, Any]:
 def _list_page(objects: list[dict], after: str | None, limit: int, kind: str) -> dict:
     """One page of a list, OpenAI's cursor pagination: the ``limit`` objects after the
     one with id ``after``."""
-    start = 0
-    if after is not None:
-        if not valid_id(kind, after):
-            raise ApiError(400, f"after must be a {kind} id", param="after")
-        ids = [o["id"] for o in objects]
-        start = ids.index(after) + 1 if after in ids else len(ids)
-    data = objects[start : start + limit]
+    start = _after([o["id"] for o in objects], after, kind)
+    return _page_object(objects[start : start + limit], start + limit < len(objects))
+
+
+def _after(ids: list[str], after: str | None, kind: str) -> int:
+    """Where the page after the id ``after`` starts in ``ids`` (past the end if it is
+    not there)."""
+    if after is None:
+        return 0
+    if not valid_id(kind, after):
+        raise ApiError(400, f"after must be a {kind} id", param="after")
+    return ids.index(after) + 1 if after in ids else len(ids)
+
+
+def _page_object(data: list[dict], has_more: bool) -> dict:
     return {
         "object": "list",
         "data": data,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
-        "has_more": start + limit < len(objects),
+        "has_more": has_more,
     }
 
 

@@ -125,6 +125,7 @@ def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str
     if not lines:
         return None
     file_id = new_id("file")
+    batches.add_owner(file_id, record["id"])  # before it exists: never deletable
     batches.store.put_bytes(batches.file_key(file_id), ("\n".join(lines) + "\n").encode())
     batches.register_output(file_id, "batch_output", f"{record['id']}_canceled.jsonl")
     return file_id
@@ -132,11 +133,13 @@ def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str
 
 def custom_ids(content: bytes) -> list[str]:
     """The string ``custom_id`` of each JSON line that has one."""
+    from nightshift.batch.records import BadRequest, content_lines, load_line
+
     found = []
-    for line in content.splitlines():
+    for _, line in content_lines(content):  # split and loaded as conversion does
         try:
-            value = json.loads(line).get("custom_id")
-        except (ValueError, AttributeError):
+            value = load_line(line).get("custom_id")
+        except (BadRequest, AttributeError):
             continue
         if isinstance(value, str):
             found.append(value)

@@ -22,7 +22,7 @@ from typing import Any
 
 from nightshift.batch.execute import JobStopped
 from nightshift.batch.store import UNFINISHED, BatchStore
-from nightshift.errors import UserError
+from nightshift.errors import StoreError, UserError
 from nightshift.pipelines import stops
 from nightshift.running.engines import warm_engines
 
@@ -83,27 +83,89 @@ class BatchQueue:
         with warm_engines():  # batches of the same engine settings share one engine
             self._serve()
 
+    STORE_ATTEMPTS = 5  # turns a batch may fail on the store before it fails for good
+
     def _serve(self) -> None:
+        """Run the next batch, again and again. A turn that fails outside the batch's
+        job (the store, or a bug in validating it) never stalls the queue: a store
+        failure puts that batch aside for a while (backing off, ``STORE_ATTEMPTS`` turns
+        at most) and the batches behind it go first; anything else fails it now."""
+        retries = _Retries(self.poll_s * 5, self.poll_s * 300)
         while not self._closing.is_set():
-            record = self._next()
+            record = self._pick(retries)
             if record is None:
                 self._wake.wait(self.poll_s)
                 self._wake.clear()
                 continue
+            if record["id"] in retries.given_up:
+                self._fail_turn(record, retries)
+                continue
             try:
                 self._run_one(record)
-            except Exception:  # a store failure: log it, try again later
-                log.exception("batch %s could not be run", record["id"])
-                self._closing.wait(self.poll_s * 5)
+            except Exception as exc:
+                if self._closing.is_set():
+                    return  # a shutdown under way: the next start takes the batch up
+                self._turn_failed(record, exc, retries)
+            else:
+                retries.forget(record["id"])
+
+    def _pick(self, retries: _Retries) -> dict[str, Any] | None:
+        """The next batch to run, passing over those waiting out a store failure."""
+        try:
+            record = self._next()
+            if record is not None and record["id"] in retries.waiting():
+                record = self.batches.next_unfinished(skip=retries.waiting())
+            return record
+        except Exception:  # the store is down: the worker waits, it never dies of it
+            log.exception("the batch queue cannot be read; trying again")
+            self._closing.wait(self.poll_s * 5)
+            return None
+
+    def _turn_failed(self, record: dict[str, Any], exc: Exception, retries: _Retries) -> None:
+        batch_id = record["id"]
+        if isinstance(exc, StoreError | OSError):
+            failures = retries.failed(batch_id)
+            log.warning(
+                "batch %s: the store failed (%s), turn %d of %d; the batches behind it go "
+                "first", batch_id, exc, failures, self.STORE_ATTEMPTS,
+            )  # fmt: skip
+            if failures < self.STORE_ATTEMPTS:
+                return
+            why = (
+                f"the server's store failed {failures} times while this batch was started "
+                "or finished; the server's log says why"
+            )
+        else:  # a bug: its traceback goes to the log, never the same failure for ever
+            log.exception("batch %s could not be run", batch_id)
+            step = "validated" if self._status(record) == "validating" else "run"
+            why = f"this batch could not be {step} (an unexpected error: the server's log says why)"
+        retries.give_up(batch_id, why)
+        self._fail_turn(record, retries)
+
+    def _status(self, record: dict[str, Any]) -> str:
+        """The record's status now (still validating: the failure was in validation)."""
+        try:
+            return (self.batches.batch(record["id"]) or record)["status"]
+        except Exception:
+            return record["status"]
+
+    def _fail_turn(self, record: dict[str, Any], retries: _Retries) -> None:
+        """End a batch given up; if even that fails, a later turn tries again."""
+        batch_id = record["id"]
+        try:
+            with self._claim:  # against a cancel ending it meanwhile
+                current = self.batches.batch(batch_id)
+                if current is not None and current["status"] in UNFINISHED:
+                    self._finish(current, None, f"failed: {retries.given_up[batch_id]}")
+        except Exception:
+            log.exception("batch %s could not be marked failed; trying again later", batch_id)
+            retries.failed(batch_id)
+        else:
+            retries.forget(batch_id)
 
     def _next(self) -> dict[str, Any] | None:
-        waiting = [
-            r
-            for kind in ("batch", "msgbatch")
-            for r in self.batches.batches(kind)
-            if r["status"] in UNFINISHED
-        ]
-        return min(waiting, key=lambda r: (r["seq"], r["id"]), default=None)
+        # The pending index, not every record: an idle server polls this each second.
+        return self.batches.next_unfinished()
 
     def _claimed(self, batch_id: str) -> dict[str, Any] | None:
         """The record, marked running and current; None if it needs no run (it ended,
@@ -165,6 +227,35 @@ class BatchQueue:
     def _cancelling(self, batch_id: str) -> bool:
         record = self.batches.batch(batch_id)
         return record is not None and record["status"] == "cancelling"
+
+
+class _Retries:
+    """The batches whose turns failed on the store: when each may have its next turn
+    (``base_s`` after the first failure, doubling up to ``most_s``), and those given up,
+    whose next turn only fails them (with the reason kept here)."""
+
+    def __init__(self, base_s: float, most_s: float) -> None:
+        self.base_s, self.most_s = base_s, most_s
+        self._due: dict[str, tuple[int, float]] = {}  # id -> (failures, next turn at)
+        self.given_up: dict[str, str] = {}
+
+    def waiting(self) -> frozenset[str]:
+        now = time.monotonic()
+        return frozenset(i for i, (_, due) in self._due.items() if due > now)
+
+    def failed(self, batch_id: str) -> int:
+        failures = self._due.get(batch_id, (0, 0.0))[0] + 1
+        wait = min(self.base_s * 2 ** (failures - 1), self.most_s)
+        self._due[batch_id] = (failures, time.monotonic() + wait)
+        return failures
+
+    def give_up(self, batch_id: str, why: str) -> None:
+        self.given_up[batch_id] = why
+        self._due.setdefault(batch_id, (0, 0.0))
+
+    def forget(self, batch_id: str) -> None:
+        self._due.pop(batch_id, None)
+        self.given_up.pop(batch_id, None)
 
 
 class _StopWatcher:

@@ -51,10 +51,11 @@ def check_exposure(host: str, api_key: str | None) -> None:
         )
 
 
-def create_app(settings: ServeSettings, run=None) -> FastAPI:
+def create_app(settings: ServeSettings, run=None, batches: BatchStore | None = None) -> FastAPI:
     """The app; ``run(record) -> counts`` runs one batch's job (``run_record`` unless
-    given). The worker starts and stops with the app's lifespan."""
-    batches = BatchStore(settings.store)
+    given), on ``batches`` (the settings' store unless given). The worker starts and
+    stops with the app's lifespan, after the store's index is made whole."""
+    batches = batches or BatchStore(settings.store)
     queue = BatchQueue(
         batches,
         run or partial(run_record, batches, settings=settings),
@@ -65,6 +66,7 @@ def create_app(settings: ServeSettings, run=None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batches.ensure_index()  # a store from before the index: once, before any request
         queue.start()
         yield
         queue.shutdown(SHUTDOWN_S)
