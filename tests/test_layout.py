@@ -21,6 +21,7 @@ LAYERS = [
     {"jobs"},
     {"scheduling"},
     {"running"},
+    {"evaluation"},  # scores committed results; reports set its figures beside cost
     {"reports"},
     {"pipelines"},
     {"batch"},

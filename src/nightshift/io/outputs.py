@@ -13,6 +13,7 @@ Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
     OUTPUT/report.json            counts, tokens, times, throughput, cost; rewritten by
                                   every run into this output
     OUTPUT/report.md, report.png  the same report for people, with its chart
+    OUTPUT/eval.json              ``jobs eval``'s figures against held-out labels
 
 Only keys of the exact names nightshift writes (``RUN_KEY``, ``shardstore.DATA_FILE``,
 the rejects files the plan names, report.*) are nightshift's: anything else in the
@@ -36,6 +37,7 @@ from nightshift.io.shardstore import COMMITTED, DATA_FILE, MARKER_FILE, WORK, Sh
 REPORT_FILE = "report.json"
 REPORT_PAGE = "report.md"  # the same figures for people, with the chart
 REPORT_CHART = "report.png"
+EVAL_FILE = "eval.json"  # `jobs eval`: an output scored against held-out labels
 SHARD = r"shard-\d{5}"
 # The keys nightshift writes in folders of its own: their presence shows a run was here.
 # (A user's report.md or rejects.parquet shows nothing; report.json is checked inside.)
@@ -104,7 +106,7 @@ class JobOutput:
         keys = self.store.list("")
         markers = [k for k in keys if k.startswith(f"{COMMITTED}/") and RUN_KEY.match(k)]
         owned = [k for k in keys if (RUN_KEY.match(k) or DATA_FILE.match(k)) and k != MANIFEST]
-        reports = [REPORT_FILE, REPORT_PAGE, REPORT_CHART]
+        reports = [REPORT_FILE, REPORT_PAGE, REPORT_CHART, EVAL_FILE]
         self.store.delete(markers)
         self.store.delete([k for k in owned if k not in markers] + rejects + reports)
         self.store.delete([MANIFEST])

@@ -23,6 +23,7 @@ from nightshift.capacity.settings import CapacitySpec
 # kept column may not take one of their names. DETAIL_COLUMN is imported from here too.
 from nightshift.jobs.columns import DETAIL_COLUMN as DETAIL_COLUMN
 from nightshift.jobs.columns import DETAIL_COLUMNS, OUTPUT_COLUMNS
+from nightshift.jobs.evalspec import EvalSpec, check_eval
 
 # The execution sections live in runspec; they are imported from here too.
 from nightshift.jobs.runspec import CacheSpec, CostSpec, PlanSpec, RunSpec, ScheduleSpec
@@ -368,6 +369,9 @@ class JobSpec(_Section):
         default=None, description="Run the job on a cron schedule (nightly), incrementally."
     )
     capacity: CapacitySpec = Field(default_factory=CapacitySpec, description="Capacity planner.")
+    eval: EvalSpec | None = Field(
+        default=None, description="Score the answers against true ones (the report's quality)."
+    )
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:
@@ -376,6 +380,11 @@ class JobSpec(_Section):
                 f"sampling.max_tokens ({self.sampling.max_tokens}) leaves no room for a prompt "
                 f"in model.max_model_len ({self.model.max_model_len})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_fits_the_task(self) -> JobSpec:
+        check_eval(self.eval, self.task.kind, self.prompt, self.input)  # names its key
         return self
 
     def template_columns(self) -> list[str]:

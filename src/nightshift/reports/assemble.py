@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nightshift.evaluation.quality import report_quality
 from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
@@ -98,6 +99,10 @@ def _report(
     report["cost_compare"] = compare_section(
         spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
     )
+    # eval: quality over every committed record, beside this run's cost
+    quality = report_quality(spec, output, c["usd_total"])
+    if quality is not None:
+        report["quality"] = quality
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
     report["shard_times"] = job.progress.shard_table()

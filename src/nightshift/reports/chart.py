@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
 from nightshift.reports.page import has_chart
+from nightshift.reports.qualitychart import has_quality_panel, quality_panel
 
 # Pixel size is fixed (no tight bounding box) so every report's chart has the same shape.
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 9.0, 100
@@ -83,15 +84,23 @@ def write_chart(report: dict[str, Any], path_or_buffer: str | PathLike | IO[byte
 
 def _draw(report: dict[str, Any]) -> Figure:
     shards = sorted(report.get("shard_times") or [], key=lambda s: s["started_s"])
+    quality = report.get("quality") if has_quality_panel(report) else None
     figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, layout="constrained")
-    rows = 3 if shards else 2
-    panels = figure.subplots(rows, 1, sharex=True, height_ratios=[1, 1, 1.3][:rows])
+    ratios = [1, 1, 1.3][: 3 if shards else 2] + ([1.6] if quality else [])
+    grid = figure.add_gridspec(len(ratios), 1, height_ratios=ratios)
+    first = figure.add_subplot(grid[0])
+    rows = len(ratios) - (1 if quality else 0)  # the panels over time share one axis
+    panels = [first] + [figure.add_subplot(grid[i], sharex=first) for i in range(1, rows)]
     intervals = throughput_over_time(report["timeline"]["samples"])
     _records_panel(panels[0], intervals, report)
     _tokens_panel(panels[1], intervals, report)
     if shards:
         _shard_panel(panels[2], shards, report)
+    for axes in panels[:-1]:
+        axes.tick_params(labelbottom=False)
     panels[-1].set_xlabel("seconds since the run started")
+    if quality:
+        quality_panel(figure.add_subplot(grid[-1]), quality)
     figure.suptitle(_title(report))
     return figure
 

@@ -11,66 +11,16 @@ matters, because a resumed run's cost is not the whole job's cost.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from nightshift.reports.compare import compare_lines
 
+# The formatters and Section live in reports.format; they are imported from here too.
+from nightshift.reports.format import Section, count, duration, percent, rate, significant, usd
+from nightshift.reports.quality import confusion_lines, quality_headline, quality_section
+
 CHART_ALT = "Throughput over time and time per shard"
-
-
-@dataclass
-class Section:
-    """One part of the page: a heading, a sentence saying what it covers, its rows."""
-
-    title: str
-    note: str
-    rows: list[dict[str, str]] = field(default_factory=list)
-
-    def add(self, metric: str, value: str, unit: str = "") -> None:
-        self.rows.append({"metric": metric, "value": value, "unit": unit})
-
-
-# Numbers formatted for people.
-
-
-def count(n: float) -> str:
-    return f"{round(n):,}"
-
-
-def percent(share: float) -> str:
-    return f"{share:.1%}"
-
-
-def significant(x: float, digits: int = 4) -> str:
-    """``x`` with ``digits`` significant digits below 1 (0.005139), two decimals above
-    (1,234.50): small prices and hours are unreadable when rounded to cents."""
-    if x == 0:
-        return "0"
-    if abs(x) >= 1:
-        return f"{x:,.2f}"
-    decimals = min(12, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:.{decimals}f}"
-
-
-def usd(x: float) -> str:
-    return "$0.00" if x == 0 else f"${significant(x)}"
-
-
-def rate(x: float) -> str:
-    return f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
-
-
-def duration(seconds: float) -> str:
-    """18.5 s, 4 min 06 s, 2 h 03 min."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 # What the report holds.
@@ -205,13 +155,15 @@ def cost_section(report: dict[str, Any]) -> Section:
 
 
 def headline_sections(report: dict[str, Any]) -> list[Section]:
-    return [
+    sections = [
         records_section(report),
         tokens_section(report),
         time_section(report),
         throughput_section(report),
         cost_section(report),
     ]
+    quality = quality_section(report)  # with eval: right after the cost it is set beside
+    return sections + ([quality] if quality else [])
 
 
 def report_table(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -225,14 +177,17 @@ def report_table(report: dict[str, Any]) -> list[dict[str, str]]:
 
 def report_markdown(report: dict[str, Any], chart_name: str | None = "report.png") -> str:
     """report.md: headline, Records, Tokens, Time, Throughput, Cost (with its formula
-    worked out), the chart when ``chart_name`` is given and the report has a timeline,
-    and a table of this run's shards."""
+    worked out), Quality with eval (with the confusion matrix), the chart when
+    ``chart_name`` is given and the report has a timeline, and a table of this run's
+    shards."""
     lines = [f"# {report['job']}", "", headline(report), "", *stop_lines(report)]
     for section in headline_sections(report):
         lines += [f"## {section.title}", "", section.note, "", *markdown_table(section.rows)]
         if section.title == "Cost":
             lines += ["", *cost_formula_lines(report)]
             lines += cost_compare_lines(report)
+        if section.title == "Quality":
+            lines += ["", *confusion_lines(report)]
         lines.append("")
     lines += engine_lines(report)
     if chart_name and has_chart(report):
@@ -258,6 +213,7 @@ def headline(report: dict[str, Any]) -> str:
     return text + (
         f". This run: {duration(report['time_s']['total'])} wall time, "
         f"{usd(cost['usd_total'])} on {count(cost['gpus'])}x {cost['gpu']}."
+        f"{quality_headline(report)}"
     )
 
 

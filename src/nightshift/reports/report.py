@@ -20,6 +20,7 @@ from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineStats
 from nightshift.jobs.spec import CostSpec
+from nightshift.reports.quality import quality_summary_lines
 from nightshift.running.totals import RunTotals
 
 COST_FORMULA = (
@@ -158,6 +159,7 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"{report['throughput']['total_tokens_per_s']:,.0f} tokens/s",
         f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
         f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
+        *quality_summary_lines(report),  # eval: accuracy beside the cost
         f"output: {output}",
     ]
 

@@ -73,10 +73,13 @@ class RequestFeed:
         store: PlanStore,
         encoder: PromptEncoder,
         keys: Iterator[int] | None = None,
+        keep: list[str] | None = None,
     ) -> None:
         self.renderer = renderer_for(spec, encoder)  # the plan's very rendering
         self.store, self.encoder = store, encoder
-        self.id_column, self.keep = spec.input.id_column, spec.input.keep_columns
+        # the columns copied into results: the runner's (input.keep_columns + eval's)
+        self.id_column = spec.input.id_column
+        self.keep = keep if keep is not None else spec.input.keep_columns
         self.sampling = sampling_column(spec)  # per-record sampling, or None
         self.in_flight: dict[int, Pending] = {}
         self._keys = keys if keys is not None else itertools.count()

@@ -34,6 +34,7 @@ from nightshift.errors import (
 )
 from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore
+from nightshift.jobs.kept import kept_columns
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
 from nightshift.running.cached import RunCache
@@ -82,10 +83,12 @@ class ShardRunner:
         self.lease_lost: dict[int, threading.Event] = {}
         self.lost: set[int] = set()  # shards given up here because their lease was lost
         self.task = handler_for(spec.task)
+        # input.keep_columns and the eval column, as far as the plan holds them (jobs.kept)
+        self.kept = kept_columns(spec, input_schema(manifest).names)
         self.tables = ResultTables(
             input_schema(manifest),
             spec.input.id_column,
-            spec.input.keep_columns,
+            self.kept,
             self.task,
             detail=spec.input.sampling_column is not None,
         )
@@ -134,7 +137,7 @@ class ShardRunner:
             if not work or self.stopping.is_set():
                 self._stop_open(work)
                 return  # closed, and every shard settled (or stopping)
-            feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys)
+            feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys, self.kept)
             try:
                 for w in work.values():
                     feed.add(w.shard, w.skip)  # encoding starts now, not later
@@ -188,7 +191,7 @@ class ShardRunner:
             work.done_ids.update(table.column(self.spec.input.id_column).to_pylist())
         # dedup: copies are never fed; they are answered with their original's row
         work.copies = self.copybook.for_shard(
-            shard, self.spec.input.id_column, self.spec.input.keep_columns, work.done_ids
+            shard, self.spec.input.id_column, self.kept, work.done_ids
         )
         work.skip = work.done_ids | self.copybook.ids(shard)
         return work

@@ -62,6 +62,10 @@ def add_new_records(
             plans.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
         return manifest
     first_shard = 1 + max((s["index"] for s in manifest["shards"]["each"]), default=-1)
+    if spec.eval is not None and spec.eval.column not in input_schema(manifest).names:
+        # eval added since the first plan: plan without its column (the report joins
+        # the labels from the input), so every shard of the output has the same columns
+        spec = spec.model_copy(update={"eval": None})
     plan = build_plan(spec, encoder, progress, skip_ids=known, first_shard=first_shard)
     if plan.input_schema != input_schema(manifest):
         raise InputError(

@@ -90,6 +90,8 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
         needed.setdefault(col, spec.prompt.source_key())
     if spec.input.sampling_column is not None:
         needed.setdefault(spec.input.sampling_column, "input.sampling_column")
+    if spec.eval is not None:  # kept in the results for the report's eval, never prompted
+        needed.setdefault(spec.eval.column, spec.eval.key)
     return needed
 
 
