@@ -1,7 +1,8 @@
 """``nightshift batch serve``: the self-hosted OpenAI and Anthropic batch APIs.
 
 A bad setting (a public host without a key, a bad ``--set``) prints one message and
-exits with code 2 before anything listens.
+exits with code 2 before anything listens. SIGTERM or Ctrl-C shut it down gracefully
+(exit code 0): the running batch's job stops and resumes at the next start.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import typer
 
 from nightshift.cli.jobs import user_errors
+from nightshift.pipelines.stops import SignalStop, raising_signals
 
 KEY_ENV = "NIGHTSHIFT_API_KEY"
 
@@ -39,12 +41,20 @@ def serve(
     max_upload_lines: int = typer.Option(
         50_000, "--max-upload-lines", min=1, help="Requests per batch limit."
     ),
+    public_url: str | None = typer.Option(
+        None,
+        "--public-url",
+        help="The URL clients reach the server at (behind a proxy, say), which links "
+        "such as Anthropic's results_url start with; default http://HOST:PORT.",
+        show_default=False,
+    ),
 ) -> None:
     """Serve the OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and the Anthropic
     Message Batches API (/v1/messages/batches). Each batch runs as a nightshift job, one
     at a time, first in first out; everything lives in --store, so a server killed and
     started again carries every unfinished batch on where it stopped."""
     from nightshift.batch.execute import ServeSettings
+    from nightshift.batch.http import check_public_url
     from nightshift.batch.server import check_exposure, serve
 
     key = api_key or os.environ.get(KEY_ENV) or None
@@ -59,9 +69,18 @@ def serve(
         overrides=list(overrides or []),
         max_bytes=max_upload_mb * 1024 * 1024,
         max_lines=max_upload_lines,
+        public_url=check_public_url(public_url) if public_url is not None else None,
     )
     typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)
-    serve(settings)
+    try:
+        with raising_signals():
+            serve(settings)
+    except SignalStop:
+        # SIGTERM or Ctrl-C: uvicorn shut down gracefully (the running batch stopped and
+        # resumes at the next start), then raised the signal again to end the process.
+        typer.echo(
+            "nightshift batch serve: stopped; unfinished batches resume at the next start", err=True
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -82,6 +82,7 @@ def run(
         progress=not quiet and sys.stderr.isatty(),
         verbose=verbose,
         workers=workers,
+        exit_on_overrun=True,  # this process's whole life is this job
     )
     for line in summary_lines(report, report["output"]):
         typer.echo(line)

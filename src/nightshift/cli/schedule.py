@@ -24,7 +24,9 @@ def serve(directory: Path = SPECS) -> None:
     """Serve one Prefect deployment per scheduled spec from this process, and run each
     job when its cron comes. Stop with Ctrl-C. Reports to PREFECT_API_URL."""
     from nightshift.pipelines.local import prefect_defaults
+    from nightshift.pipelines.stops import python_signal_defaults
 
+    python_signal_defaults()  # Prefect's runner stops its flow runs on Ctrl-C itself
     prefect_defaults(quiet=False)
     from nightshift.pipelines.schedules import serve_specs
 

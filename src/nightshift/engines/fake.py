@@ -2,7 +2,8 @@
 
 It honours the engine contract closely enough for the runner not to tell the difference:
 answers depend only on the prompt's token ids and sampling (each request's own when it
-has one: max_tokens, n, stop, logprobs), guided choices and JSON are respected,
+has one: max_tokens, n, stop, logprobs, seed), except that a sample (temperature above 0,
+no seed) is drawn afresh each time, as vLLM's is; guided choices and JSON are respected,
 and the prefix cache is simulated at block granularity (unbounded, or least recently
 used blocks evicted beyond ``cache_blocks``), so cached-token counts behave like the
 real engine's.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -69,6 +71,21 @@ def _logprob(token: str, seed: int, top: int) -> TokenLogprob:
     return replace(mine, top_logprobs=(mine, *others)[:top])
 
 
+def _slow_start(hold: str) -> None:
+    """A start-up that lasts while the file ``hold`` exists, run by a child process as
+    vLLM's engine core runs its start-up: the tests of stops and cancels kill it."""
+    import subprocess
+    import sys
+
+    from nightshift.engines.processes import register_starting
+
+    wait = f"import os, time\nwhile os.path.exists({hold!r}): time.sleep(0.05)"
+    child = subprocess.Popen([sys.executable, "-c", wait])
+    register_starting(lambda: [child.pid])
+    if child.wait() != 0:
+        raise EngineFatalError("the fake engine was killed while it started")
+
+
 class FakeEngine:
     """``fail_when(token_ids)`` may return an error string to fail that one record;
     ``die_after`` makes the engine die (EngineFatalError) once, after that many results,
@@ -90,6 +107,8 @@ class FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
         (the kill tests run jobs in subprocesses and can reach it no other way)."""
         env = os.environ
+        if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
+            _slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
         return cls(
             block_size=block_size,
             seconds_per_record=float(env.get("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", 0)),
@@ -133,6 +152,7 @@ class FakeEngine:
         self._hang_after, self.stall_s = hang_after, stall_s
         self.stalls = 0  # hangs its stall watch ended
         self._interrupted = False
+        self._rng = random.Random()  # samples without a seed: fresh ones every time
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -234,8 +254,10 @@ class FakeEngine:
 
     def _choice(self, ids: list[int], sampling: Sampling, index: int) -> Choice:
         """Answer ``index`` of a prompt: cut at the first stop string it holds (as vLLM's
-        ``stop``), with made-up logprobs when asked. Choices differ only when sampled."""
-        seed = _digest(ids) + (index if sampling.temperature > 0 else 0)
+        ``stop``), with made-up logprobs when asked. Choices differ only when sampled;
+        with a seed a sample repeats, without one it does not."""
+        salt = sampling.seed if sampling.seed is not None else self._rng.getrandbits(48)
+        seed = _digest(ids) + (index + salt if sampling.temperature > 0 else 0)
         text, finish = self._answer(seed, sampling)
         found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
         stop_sequence = None

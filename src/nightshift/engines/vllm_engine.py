@@ -20,7 +20,11 @@ from itertools import islice
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.engines.processes import engine_cores_die_with_this_process, kill_process_tree
+from nightshift.engines.processes import (
+    engine_cores_die_with_this_process,
+    kill_process_tree,
+    start_was_killed,
+)
 from nightshift.engines.stall import StallWatch
 from nightshift.engines.vllm_outputs import ParamsCache, _result
 from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
@@ -134,7 +138,7 @@ class VllmEngine:
             try:
                 return cls(_start_llm(args), stall_s=stall_s)
             except EngineError as exc:
-                if "fp8" not in requested:
+                if "fp8" not in requested or start_was_killed():  # killed: no second start
                     raise
                 reason = f"vLLM did not start with an FP8 KV cache ({exc})"
         log.warning("engine.kv_cache_dtype %s falls back to auto: %s", requested, reason)
@@ -312,4 +316,6 @@ def _start_llm(args: dict[str, Any]) -> Any:
     try:
         return LLM(**args)
     except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+        if start_was_killed():  # abandoned by a stop: its cores were killed on purpose
+            raise EngineFatalError("the vLLM engine was killed while it started") from exc
         raise EngineError(f"vLLM could not start: {exc}") from exc

@@ -39,7 +39,12 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.headstart import clock_start
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
-from nightshift.pipelines.stops import GracefulStop, cancelled_state, graceful_stop
+from nightshift.pipelines.stops import (
+    GracefulStop,
+    cancelled_state,
+    graceful_stop,
+    prefect_api_gone,
+)
 from nightshift.reports.assemble import finish_run
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
@@ -142,6 +147,7 @@ def job_flow(
     spec = load_spec(spec_path, overrides)
     with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
         engines = EnginePool(spec)
+        stop.on_stop(engines.abandon_start)  # an engine still starting is not waited for
         stop.on_kill(engines.kill)
         try:
             with ExitStack() as gpu:
@@ -179,9 +185,10 @@ def _stopped(job: JobRun, engines: EnginePool, stop: GracefulStop):
     """Write the report of a stopped run, marked so, and end the flow run Cancelled.
     Not through ``report_task``: a cancelling flow run's tasks may not start."""
     outcome = finish_run(job, engines, stopped=stop.describe(job.progress.started))
-    with contextlib.suppress(Exception):  # artifacts are a copy; report.json is written
-        publish_report(outcome.report)
-    stop.report = outcome.report
+    stop.report = outcome.report  # before Prefect's calls: its API may be gone (a stop)
+    if not prefect_api_gone():
+        with contextlib.suppress(Exception):  # artifacts are a copy; report.json is written
+            publish_report(outcome.report)
     return cancelled_state(stop)
 
 

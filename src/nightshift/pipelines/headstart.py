@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Iterator
 from importlib import import_module
 from typing import Any
 
+from nightshift.engines import processes
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.slots import host_takes_slots
 from nightshift.running import engines
@@ -95,9 +98,7 @@ def _boot_temporary_server() -> threading.Thread | None:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
-
-    server = SubprocessASGIServer()
+    server = _own_session_server()
     if server.running:
         return None
 
@@ -109,3 +110,44 @@ def _boot_temporary_server() -> threading.Thread | None:
     thread = threading.Thread(target=boot, name="nightshift-prefect-boot", daemon=True)
     thread.start()
     return thread
+
+
+def _own_session_server() -> Any:
+    """Prefect's temporary server (the one every Prefect client of this process finds:
+    Prefect keeps one instance per port), started so that it neither dies before
+    nightshift nor outlives it:
+
+    - in a session of its own: a terminal's Ctrl-C goes to nightshift's process group,
+      and the graceful stop still has the server to end the flow run with;
+    - with ``PR_SET_PDEATHSIG`` (``engines.processes.die_with_this_process``), from a
+      thread that lasts as long as this process: it dies with nightshift however that
+      ends, ``kill -9`` included, so no server holds its port and memory afterwards.
+    """
+    return _server_class()()
+
+
+@functools.cache
+def _server_class() -> type:
+    from prefect.server.api import server as prefect_server
+
+    class OwnSessionServer(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            start = super()._run_uvicorn_command
+            return processes.lasting_thread_call(lambda: _in_own_session(prefect_server, start))
+
+    return OwnSessionServer
+
+
+def _in_own_session(module: Any, start: Any) -> subprocess.Popen:
+    """Call ``start`` (Prefect's own Popen of its server) with ``module``'s
+    ``subprocess.Popen`` starting a new session that dies with this process."""
+    popen = functools.partial(
+        subprocess.Popen,
+        start_new_session=True,
+        preexec_fn=processes.die_with_this_process(),  # one prctl call: safe after fork
+    )
+    module.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    try:
+        return start()
+    finally:
+        module.subprocess = subprocess

@@ -23,6 +23,7 @@ from typing import Any
 
 from nightshift.console import ScreenHandler, engine_output_to
 from nightshift.jobs.loading import load_spec
+from nightshift.pipelines import stops
 
 # Applied before Prefect is imported (its settings are read then).
 _QUIET_PREFECT = {
@@ -45,9 +46,19 @@ def run_flow_once(
     progress: bool = False,
     verbose: bool = False,
     workers: int = 1,
+    exit_on_overrun: bool | None = None,
 ) -> dict[str, Any]:
     """Run the job flow in this process and return its report. Unless ``verbose``, the
-    engine's own output goes to a log file (``report["engine_log"]``), not the screen."""
+    engine's own output goes to a log file (``report["engine_log"]``), not the screen.
+    ``exit_on_overrun``: a stop past run.stop_s ends the process (a CLI whose whole life
+    is this job); otherwise (``batch serve``) it abandons the run, never the process.
+    None: as the enclosing ``stops.overrun_exits`` says (``batch run``), else False."""
+    overrun = contextlib.nullcontext() if exit_on_overrun is None else None
+    with overrun or stops.overrun_exits(bool(exit_on_overrun)):
+        return _run_flow_once(spec_path, overrides, overwrite, new_run, progress, verbose, workers)
+
+
+def _run_flow_once(spec_path, overrides, overwrite, new_run, progress, verbose, workers):
     prefect_defaults(quiet=not verbose)
     spec = load_spec(spec_path, overrides)
     log = None if verbose else engine_log_path(spec.output.path)
@@ -84,10 +95,11 @@ def engine_log_path(output: str, name: str = "engine") -> Path:
 
 
 def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict[str, Any]:
-    """Run one worker flow in this process (``nightshift jobs work``)."""
+    """Run one worker flow in this process (``nightshift jobs work``, a process whose
+    whole life is this worker: a stop past run.stop_s ends it)."""
     prefect_defaults(quiet=True)
     log = engine_log_path(load_spec(spec_path, overrides).output.path, worker)
-    with engine_output_to(log):
+    with engine_output_to(log), stops.overrun_exits():
         from nightshift.pipelines.workers import worker_flow  # imports Prefect
 
         _show_nightshift_warnings()
@@ -100,8 +112,6 @@ def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict
 def _unless_stopped(flow, **parameters) -> dict[str, Any]:
     """Run ``flow``; a flow run that was stopped gracefully ends Cancelled (which Prefect
     raises here): return its report, marked ``stopped``, instead."""
-    from nightshift.pipelines import stops
-
     before = stops.last_stop()
     try:
         return flow(**parameters)
@@ -110,6 +120,8 @@ def _unless_stopped(flow, **parameters) -> dict[str, Any]:
         if stop is None or stop is before or stop.report is None:
             raise
         return stop.report
+    finally:
+        stops.flow_returned(before)  # a stop waiting on Prefect's last calls waits no more
 
 
 def prefect_defaults(quiet: bool) -> None:

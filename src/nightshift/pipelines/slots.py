@@ -97,11 +97,22 @@ def try_gpu_slot(stack: ExitStack, spec: JobSpec) -> bool:
     return True
 
 
-def _slot(name: str, occupy: int, timeout_seconds: float | None = None):
-    return concurrency(
+@contextmanager
+def _slot(name: str, occupy: int, timeout_seconds: float | None = None) -> Iterator[None]:
+    held = concurrency(
         name,
         occupy,
         timeout_seconds=timeout_seconds,
         lease_duration=LEASE_SECONDS,
         strict=True,
     )
+    held.__enter__()  # TimeoutError when the limit is full: nothing is held then
+    try:
+        yield
+    finally:
+        try:
+            held.__exit__(None, None, None)  # the release only: the block's error stays
+        except Exception:  # Prefect's server gone (the same SIGTERM stopped it): no error
+            log.warning(
+                "could not release the GPU slot; its lease frees it within %d s", LEASE_SECONDS
+            )

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nightshift.engines.base import Engine, EngineInfo, EngineStats
+from nightshift.engines.processes import StartingProcesses, engine_start_processes
 from nightshift.engines.tokenizer import model_source
+from nightshift.errors import EngineFatalError, RunStoppedError
 from nightshift.jobs.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -184,7 +186,12 @@ class _Lent:
 
 class EngineStart:
     """One engine being built in a background thread: started while the plan is built,
-    so a GPU engine's minutes of start-up overlap planning instead of following it."""
+    so a GPU engine's minutes of start-up overlap planning instead of following it.
+
+    A start can be abandoned (``abandon``: a stop, a cancel, a start no run took): the
+    processes it started so far are killed (``engines.processes.StartingProcesses``),
+    whoever waits gets an error at once, and an engine that gets built all the same is
+    closed by the building thread."""
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
@@ -192,19 +199,48 @@ class EngineStart:
         self.error: BaseException | None = None
         self.began = time.perf_counter()
         self.ended: float | None = None
+        self.abandoned = False
+        self._processes = StartingProcesses()
+        self._done = threading.Event()  # built, failed or abandoned
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._build, name="nightshift-engine-start")
         self._thread.start()
 
     def _build(self) -> None:
+        engine = None
         try:
-            self.engine = build_engine(self.spec)
+            with engine_start_processes(self._processes):
+                engine = build_engine(self.spec)
         except BaseException as exc:  # handed to whoever waits for the engine
             self.error = exc
         finally:
-            self.ended = time.perf_counter()
+            with self._lock:
+                self.ended = time.perf_counter()
+                unwanted = self.abandoned
+                if not unwanted:
+                    self.engine = engine
+                self._done.set()
+            if unwanted and engine is not None:  # closed, and a lent one not handed back
+                with contextlib.suppress(Exception):
+                    getattr(engine, "discard", lambda: None)()
+                    engine.close()
+
+    def abandon(self) -> None:
+        """Give the start up: kill what it started; ``wait`` raises from now on."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.abandoned = True
+            self._done.set()
+        self._processes.kill()
+
+    def join(self) -> None:  # the building thread ends (an abandoned one: engine closed)
+        self._thread.join()
 
     def wait(self) -> Engine:
-        self._thread.join()
+        self._done.wait()
+        if self.abandoned:
+            raise EngineFatalError("the engine's start-up was abandoned")
         if self.error is not None:
             raise self.error
         assert self.engine is not None
@@ -242,8 +278,12 @@ def drop_head() -> None:
 
 
 def _shut_down(start: EngineStart) -> None:
-    with contextlib.suppress(BaseException):
-        start.wait().close()
+    """A start no run wants: killed if still starting, else closed; none is left."""
+    start.abandon()
+    start.join()
+    if not start.abandoned:
+        with contextlib.suppress(BaseException):
+            start.wait().close()
 
 
 @dataclass
@@ -261,7 +301,9 @@ class EnginePool:
     info: EngineInfo | None = None
     spans: list[tuple[float, float]] = field(default_factory=list)
     _engine: Engine | None = None
-    _starting: EngineStart | None = None
+    _starting: EngineStart | None = None  # started early, not yet waited for
+    _waiting: EngineStart | None = None  # the start ``acquire`` waits for now
+    _stopping: bool = False  # a stop abandoned the start: no engine for this run
     _before: EngineStats = field(default_factory=EngineStats)
 
     def start_early(self) -> None:
@@ -275,11 +317,18 @@ class EnginePool:
         if self.given is not None:
             self._before, self._engine = self.given.stats(), self.given
             return self.given
+        if self._stopping:
+            raise RunStoppedError("the run was stopped before its engine started")
         start = self._starting or _take_head(self.spec) or EngineStart(self.spec)
-        self._starting = None
+        self._starting, self._waiting = None, start
         try:
             self._engine = start.wait()
+        except EngineFatalError as exc:
+            if start.abandoned and self._stopping:
+                raise RunStoppedError("the run was stopped while its engine started") from exc
+            raise
         finally:
+            self._waiting = None
             self._count_start(start)
         self._before = EngineStats()
         return self._engine
@@ -300,10 +349,22 @@ class EnginePool:
         interrupt = getattr(self._engine, "interrupt", None)
         if interrupt is not None:
             interrupt()
+        self.abandon_start()
+
+    def abandon_start(self) -> None:
+        """The run is stopping: an engine still starting is not waited for (a vLLM start
+        can take minutes, and nothing it holds is an answer). Its processes are killed
+        and ``acquire`` raises ``RunStoppedError``. Any thread may call it."""
+        self._stopping = True
+        for start in (self._starting, self._waiting):
+            if start is not None:
+                start.abandon()
 
     def kill(self) -> None:
         """Kill the engine's processes now (a stop that took too long, or a second
-        signal): the feeding thread's ``step()`` then fails instead of hanging."""
+        signal), a start still under way included: the feeding thread's ``step()``, or
+        its wait for the engine, then fails instead of hanging."""
+        self.abandon_start()
         kill = getattr(self._engine, "kill", None)
         if kill is not None:
             with contextlib.suppress(Exception):
@@ -311,12 +372,15 @@ class EnginePool:
 
     def close(self) -> None:
         """Count the engine's work and shut it down (the caller's engine stays up). An
-        engine still starting is waited for and shut down: no engine process outlives
-        the run, even when planning failed while it started."""
+        engine still starting is abandoned (killed; closed once built, if it gets that
+        far): no engine process outlives the run, even when planning failed while it
+        started, and the run does not wait minutes for an engine it will not use."""
         if self._starting is not None:
             start, self._starting = self._starting, None
+            start.abandon()
+            start.join()  # quick once killed; the thread closes an engine it built late
             with contextlib.suppress(BaseException):
-                self._engine = start.wait()
+                self._engine = start.wait()  # it had started already
             self._count_start(start)
         engine, self._engine = self._engine, None
         if engine is None:
