@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import urllib.request
 
 import polars as pl
 import pyarrow as pa
@@ -25,6 +26,10 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its buckets per process, not per server: start and end empty, so one
+    # test's objects never show up in another's listing (xdist runs several here).
+    reset = f"http://{host}:{port}/moto-api/reset"
+    urllib.request.urlopen(urllib.request.Request(reset, method="POST")).close()
     for key, value in {
         "AWS_ENDPOINT_URL": f"http://{host}:{port}",
         "AWS_ACCESS_KEY_ID": "test",
@@ -35,6 +40,7 @@ def s3(monkeypatch):
     client = boto3.client("s3")
     client.create_bucket(Bucket="tickets")
     yield client
+    urllib.request.urlopen(urllib.request.Request(reset, method="POST")).close()
     server.stop()
 
 
