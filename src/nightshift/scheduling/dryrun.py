@@ -9,7 +9,7 @@ from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import answer_budget
+from nightshift.jobs.tasks import answer_budget, label_warnings
 from nightshift.scheduling.cachescope import sampled_output
 from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
 from nightshift.scheduling.dedup import distinct_records
@@ -31,8 +31,10 @@ def plan_summary(
     the output, as a run would before generating; ``gpu`` (the arguments of
     ``capacity.jobplan.prepare``) adds the capacity prediction."""
     planner = prepare(spec, **gpu) if gpu else None  # fails before the input is read
-    plan = build_plan(spec, load_encoder(spec), progress)
+    encoder = load_encoder(spec)
+    plan = build_plan(spec, encoder, progress)
     summary = describe(plan, spec)
+    summary["warnings"] = label_warnings(spec, lambda text: encoder.encode_texts([text])[0])
     if write:
         output = JobOutput(spec.output.path)
         output.refuse_foreign()  # others' files: never write a plan (or rejects) among them
@@ -110,4 +112,5 @@ def summary_text(summary: dict[str, Any]) -> str:
     lines += capacity_text(summary["capacity"]) if "capacity" in summary else []
     if "written_to" in summary:
         lines.append(f"plan written to {summary['written_to']}")
+    lines += [f"warning: {w}" for w in summary.get("warnings", [])]
     return "\n".join(lines)
