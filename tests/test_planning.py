@@ -266,7 +266,9 @@ def test_a_single_column_groups_shared_starts_inside_the_field(models, tmp_path)
     documents = [rid.split("-")[0] for rid in planned["record_id"]]
     assert sum(a != b for a, b in zip(documents, documents[1:], strict=False)) == DOCUMENTS - 1
     reuse = report["prefix_reuse"]
-    assert reuse["input_order_predicted"] < 0.1 < 0.5 < reuse["predicted"]
+    # In input order only the instructions' first block or so is shared (how many tokens
+    # that is depends on the demo tokenizer, trained on the demo corpus): far below the plan's.
+    assert reuse["input_order_predicted"] < 0.2 < 0.5 < reuse["predicted"]
     assert reuse["measured"] == pytest.approx(reuse["predicted"], abs=0.02)
 
 
