@@ -19,7 +19,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import re
 import socket
 import threading
 from urllib.parse import urlsplit
@@ -29,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nightshift.batch.jsonshape import MAX_DEPTH, nesting_depth, skeleton
 from nightshift.errors import UserError
 
 log = logging.getLogger("nightshift.batch.server")
@@ -155,14 +155,9 @@ class _TooLarge(Exception):
     pass
 
 
-MAX_JSON_DEPTH = 64  # tool schemas nest a few levels; nothing real comes near this
+MAX_JSON_DEPTH = MAX_DEPTH
 JSON_OBJECTS_BYTES = 256 << 20  # the memory a body's parsed objects may take, at most
 _CONTAINER_BYTES, _ITEM_BYTES = 72, 56  # an empty list or dict; a value and its slot
-# A string, or an unterminated one to the end: every match from a quote succeeds, so
-# the scan is linear (a failing match retried from each later quote is quadratic).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
-_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_SIGN = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _PARSING = threading.BoundedSemaphore(2)  # large bodies parsed at once, at most
 
 
@@ -188,33 +183,17 @@ def check_json_shape(raw: bytes) -> None:
     this way: in UTF-16, a character's byte may look like a quote and hide structure."""
     if json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
         raise ApiError(400, "the request body must be JSON in UTF-8")
-    skeleton = _STRING.sub(b'""', raw)
-    containers = skeleton.count(b"[") + skeleton.count(b"{")
-    items = skeleton.count(b",") + skeleton.count(b":")
+    shape = skeleton(raw)
+    containers = shape.count(b"[") + shape.count(b"{")
+    items = shape.count(b",") + shape.count(b":")
     if containers * _CONTAINER_BYTES + items * _ITEM_BYTES > JSON_OBJECTS_BYTES:
         raise ApiError(
             400,
             f"the request body has too many JSON values ({containers} arrays and objects, "
             f"about {items} values): split the batch",
         )
-    if containers and _depth(skeleton) > MAX_JSON_DEPTH:
+    if nesting_depth(shape) > MAX_JSON_DEPTH:
         raise ApiError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
-
-
-def _depth(skeleton: bytes, chunk: int = 1 << 20) -> int:
-    """The deepest nesting: the running sum of +1 per opening bracket, -1 per closing
-    one, in chunks (a running sum takes 8 bytes a bracket)."""
-    import numpy as np
-
-    signs = skeleton.translate(None, _NOT_BRACKET).translate(_SIGN)
-    level = deepest = 0
-    for start in range(0, len(signs), chunk):
-        part = np.frombuffer(
-            signs, dtype=np.int8, count=min(chunk, len(signs) - start), offset=start
-        )
-        running = np.cumsum(part, dtype=np.int64) + level
-        deepest, level = max(deepest, int(running.max())), int(running[-1])
-    return deepest
 
 
 def public_base_url(host: str, port: int, public_url: str | None) -> str:

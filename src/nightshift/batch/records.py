@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
+from nightshift.batch.jsonshape import MAX_DEPTH, nesting_depth, skeleton
+
 ID_COLUMN = "custom_id"
 SAMPLING_COLUMN = "sampling"
 TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -61,9 +63,6 @@ SAMPLING_KEYS = (
 # The deepest a request line may nest: real requests (a JSON schema in response_format
 # included) stay far below, and every later stage (pydantic, json.dumps of the sampling,
 # a schema compiled for guided decoding) recurses once a level.
-MAX_DEPTH = 64
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
 # A line is decoded as strict UTF-8 (json.loads on bytes would let the UTF-8 form of a
 # surrogate through), so a lone surrogate can only come from a \uD800-\uDFFF escape:
 # the escape is looked for first, the strings only then.
@@ -148,26 +147,12 @@ def load_line(raw: bytes) -> Any:
     """One line's JSON value, or ``BadRequest`` (``invalid_json``): a line that is not
     UTF-8, not JSON, or nested deeper than ``MAX_DEPTH`` (told before parsing, so no
     stage ever recurses deeply on it)."""
-    if nesting_depth(raw) > MAX_DEPTH:
+    if nesting_depth(skeleton(raw)) > MAX_DEPTH:
         raise BadRequest(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", "invalid_json")
     try:
         return json.loads(raw.decode("utf-8").removeprefix("\ufeff"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BadRequest(f"not valid JSON ({exc})"[:300], "invalid_json") from None
-
-
-def nesting_depth(raw: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, told from its bytes (the
-    strings taken out); a few counts when it cannot be deep at all."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
-        return 0
-    depth = deepest = 0
-    for bracket in _STRING.sub(b"", raw).translate(None, _NOT_BRACKET):
-        depth += 1 if bracket in b"[{" else -1
-        deepest = max(deepest, depth)
-        if deepest > MAX_DEPTH:
-            break
-    return deepest
 
 
 def lone_surrogate(value: Any, raw: bytes) -> str | None:
