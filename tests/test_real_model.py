@@ -23,12 +23,16 @@ from .conftest import spec_dict, write_records
 pytestmark = pytest.mark.engine
 
 DEMO = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/classify.yaml").read_text())
-# Two labels, so a constant answer fails. A 135M model is a weak classifier: it answers
-# "App crashes ... every time I open the settings page" with payment, and obvious login
-# or general tickets wrongly too (README: the demo's accuracy), so these are two it gets.
+# Two of each label, so no constant answer (the model's leaning, uncorrected) passes.
 OBVIOUS = [
     ("o1", "Double charge", "I was charged twice for my subscription this month.", "payment"),
-    ("o2", "Error 500", "Uploading a file fails with error 500.", "defect"),
+    ("o2", "Refund", "Please refund my last invoice, the price was wrong.", "payment"),
+    ("o3", "Error 500", "Uploading a file fails with error 500.", "defect"),
+    ("o4", "Crash", "The app crashes every time I open the settings page.", "defect"),
+    ("o5", "Password", "I forgot my password and cannot sign in.", "login"),
+    ("o6", "Two-factor", "The two-factor code never arrives, so I cannot log in.", "login"),
+    ("o7", "Office hours", "What are your opening hours in December?", "general"),
+    ("o8", "Feedback", "Just wanted to say thanks, the new design looks nice.", "general"),
 ]
 
 
@@ -74,18 +78,28 @@ def test_a_plain_question_gets_the_right_answer(smollm2, engine, tmp_path):
     assert "Paris" in text
 
 
-def test_obvious_tickets_get_their_labels_with_the_demo_prompt(smollm2, engine, tmp_path):
+def _labels(smollm2, engine, tmp_path, **task) -> dict[str, str]:
     rows = [{"ticket_id": i, "subject": s, "body": b, "true_label": t} for i, s, b, t in OBVIOUS]
     inputs = write_records(tmp_path / "in" / "t.parquet", rows)
-    spec = _spec(
-        smollm2,
-        inputs,
-        tmp_path / "out",
-        prompt=DEMO["prompt"],
-        task=DEMO["task"],
-        sampling=DEMO["sampling"],
-    )
+    task = {**DEMO["task"], "calibration_records": len(OBVIOUS), **task}
+    spec = _spec(smollm2, inputs, tmp_path / "out", prompt=DEMO["prompt"], task=task)
     run_job(validate_spec(spec), engine=engine, progress=False)
     results = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet")
-    answers = dict(zip(results["ticket_id"], results["label"], strict=True))
-    assert answers == {i: t for i, _, _, t in OBVIOUS}
+    return dict(zip(results["ticket_id"], results["label"], strict=True))
+
+
+def test_calibrated_labels_beat_guided_choice_on_obvious_tickets(smollm2, engine, tmp_path):
+    """Measured here: 5 of 8 scored and calibrated, 3 of 8 by guided choice (which gave
+    payment to five, the model's first-token habit). A 135M model stays a weak
+    classifier (README: the demo's accuracy), so the bar is a majority and the gain."""
+    calibrated = _labels(smollm2, engine, tmp_path / "c")
+    guided = _labels(smollm2, engine, tmp_path / "g", calibrate=False)
+    right = {
+        name: sum(answers[i] == t for i, _, _, t in OBVIOUS)
+        for name, answers in (("calibrated", calibrated), ("guided", guided))
+    }
+    assert right["calibrated"] >= 5 and right["calibrated"] > right["guided"], (
+        right,
+        calibrated,
+        guided,
+    )

@@ -33,7 +33,7 @@ def test_generate_budget_is_max_tokens():
 
 def test_classify_parse_accepts_only_labels():
     handler = handler_for(spec_with().task)
-    assert handler.parse(" bug\n", "stop") == {"label": "bug"}
+    assert handler.parse(" bug\n", "stop") == {"label": "bug", "confidence": None}
     with pytest.raises(RecordError, match="not one of the labels"):
         handler.parse("feature_re", "length")
 

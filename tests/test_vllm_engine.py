@@ -7,6 +7,7 @@ the CLI test starts its own, as a user's command would.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,24 @@ def test_a_prompt_vllm_refuses_fails_alone_and_results_stream_by_key(engine):
     assert "vocab" in results[1].error and results[1].output_tokens == 0
     assert results[0].error is None and results[0].prompt_tokens == len(good)
     assert results[2].error is None and 0 < results[2].output_tokens <= 4
+
+
+def test_score_tokens_come_back_as_the_first_places_log_probabilities(engine):
+    """Label scoring (classify): each score is the log probability of its token at the
+    answer's first place, in the order asked (the greedy token's is the one vLLM gives
+    its own logprobs); a request without score tokens has none."""
+    from nightshift.engines.base import EngineRequest, Sampling
+
+    prompt = [0] + list(range(10, 40))
+    [plain] = engine.run([EngineRequest(0, prompt)], Sampling(max_tokens=1, logprobs=0))
+    assert plain.scores is None
+    [greedy] = engine._llm.get_tokenizer().encode(plain.text, add_special_tokens=False)
+    tokens = (*[t for t in range(5, 40) if t != greedy], greedy)
+    [scored] = engine.run([EngineRequest(1, prompt)], Sampling(1, score_tokens=tokens))
+    assert len(scored.scores) == len(tokens) and all(s <= 0 for s in scored.scores)
+    assert sum(math.exp(s) for s in scored.scores) <= 1 + 1e-5
+    assert scored.scores[-1] == max(scored.scores)  # greedy: the likeliest token
+    assert scored.scores[-1] == pytest.approx(plain.choices[0].logprobs[0].logprob, abs=1e-4)
 
 
 def test_the_prefix_cache_serves_what_the_plan_predicted(models, engine, tmp_path):

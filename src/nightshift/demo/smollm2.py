@@ -66,14 +66,31 @@ def _offline():
                 os.environ[name] = value
 
 
+@contextmanager
+def _no_gguf_progress():
+    """transformers' GGUF reader draws its own tqdm bar (``tqdm.auto``, not transformers'
+    switchable one): replaced by a disabled bar while it reads, for a quiet screen."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    shown = reader.tqdm
+    reader.tqdm = partial(shown, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = shown
+
+
 def _convert(source: Path, directory: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        source.parent, gguf_file=source.name, dtype=torch.float32
-    )
+    with _no_gguf_progress():
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            source.parent, gguf_file=source.name, dtype=torch.float32
+        )
     settings = loaded.config.to_dict()
     settings.pop("quantization_config", None)  # the folder holds plain weights
     config = LlamaConfig.from_dict(settings)

@@ -38,6 +38,10 @@ class Sampling:
     n: int = 1  # answers (choices) per prompt
     logprobs: int | None = None  # None: none; k: each chosen token's and the top k's
     top_k: int = 0  # sample from the k likeliest tokens; 0: from all (vLLM's default)
+    # Token ids whose log probabilities at the answer's first place come back as the
+    # result's ``scores``, in this order, taken before any sampling rule or constraint
+    # (classify scores each label by its first token, see jobs.tasks).
+    score_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class EngineResult:
     retryable: bool = False  # the error may not recur: the request is worth sending again
     aborted: bool = False  # not finished: no answer, never a row; the record is asked again
     choices: tuple[Choice, ...] = ()  # every answer; () means one: text and finish_reason
+    scores: tuple[float, ...] | None = None  # Sampling.score_tokens' log probabilities
 
     def all_choices(self) -> tuple[Choice, ...]:
         """Every answer, choice 0 first (one made of ``text`` when ``choices`` is empty)."""

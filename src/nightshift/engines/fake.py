@@ -44,6 +44,12 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
     return f"{_digest(list(token_ids)):016x}"
 
 
+def _scores(ids: list[int], tokens: tuple[int, ...]) -> tuple[float, ...]:
+    """Made-up log probabilities of ``tokens`` after the prompt ``ids``: fixed per prompt
+    and token, between -10.5 and -0.5."""
+    return tuple(-0.5 - (_digest([*ids, -1, t]) % 10_000) / 1_000 for t in tokens)
+
+
 def example_json(schema: dict[str, Any], seed: int) -> Any:
     """A small value that matches ``schema`` (the subset guided JSON tests use)."""
     if "enum" in schema:
@@ -249,7 +255,14 @@ class FakeEngine:
         s.decode_seconds += out * 1e-5
         first = choices[0]
         return EngineResult(
-            request.key, first.text, first.finish_reason, len(ids), out, cached, choices=choices
+            request.key,
+            first.text,
+            first.finish_reason,
+            len(ids),
+            out,
+            cached,
+            choices=choices,
+            scores=_scores(ids, sampling.score_tokens) if sampling.score_tokens else None,
         )
 
     def _choice(self, ids: list[int], sampling: Sampling, index: int) -> Choice:

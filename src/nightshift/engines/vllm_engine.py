@@ -170,7 +170,7 @@ class VllmEngine:
                     if refused:
                         yield refused
                     else:
-                        in_flight[str(request.key)] = own.logprobs
+                        in_flight[str(request.key)] = own
                 else:
                     exhausted = exhausted or taken < room
                 if not in_flight:
@@ -185,9 +185,10 @@ class VllmEngine:
                     watch.end_step()
                 for out in outputs:
                     if out.finished:
-                        top = in_flight.pop(out.request_id, None)
+                        own = in_flight.pop(out.request_id, sampling)
                         watch.finished += 1
-                        yield _result(int(out.request_id), out, top)
+                        top = None if own.score_tokens else own.logprobs
+                        yield _result(int(out.request_id), out, top, own.score_tokens)
         except EngineDeadError as exc:
             if self.stalled:
                 raise EngineStalledError(

@@ -53,7 +53,9 @@ def _sampling_params(sampling: Sampling):
         top_k=sampling.top_k,
         seed=sampling.seed,
         stop=list(sampling.stop) or None,
-        logprobs=sampling.logprobs,
+        # vLLM returns score tokens in place of top logprobs: a job asks for one or other
+        logprobs=None if sampling.score_tokens else sampling.logprobs,
+        logprob_token_ids=list(sampling.score_tokens) or None,
         structured_outputs=structured,
         output_kind=RequestOutputKind.FINAL_ONLY,  # as LLM.generate: no per-step partials
     )
@@ -66,8 +68,11 @@ _UNANSWERED = {"abort", None}
 _RETRYABLE = {"error"}
 
 
-def _result(key: int, out: Any, top: int | None = None) -> EngineResult:
-    """One finished request; ``top``: the top logprobs it asked for (None: none)."""
+def _result(
+    key: int, out: Any, top: int | None = None, score_tokens: tuple[int, ...] = ()
+) -> EngineResult:
+    """One finished request; ``top``: the top logprobs it asked for (None: none);
+    ``score_tokens``: the tokens whose first-place log probabilities it asked for."""
     completions = sorted(out.outputs or [], key=lambda c: getattr(c, "index", 0))
     reasons = [c.finish_reason for c in completions] or [None]
     prompt_tokens = len(out.prompt_token_ids or [])
@@ -86,11 +91,19 @@ def _result(key: int, out: Any, top: int | None = None) -> EngineResult:
         output_tokens=sum(c.output_tokens for c in choices),
         cached_tokens=int(out.num_cached_tokens or 0),
         choices=choices,
+        scores=_scores(completions[0], score_tokens) if score_tokens else None,
     )
     if reason in _RETRYABLE:
         error = f"vLLM ended the request with an internal error (finish_reason {reason!r})"
         return replace(result, error=error, retryable=True)
     return result
+
+
+def _scores(completion: Any, tokens: tuple[int, ...]) -> tuple[float, ...]:
+    """The first place's log probability of each of ``tokens`` (-inf where vLLM gave
+    none, which it does only for a token it ruled out)."""
+    place = (completion.logprobs or [None])[0] or {}
+    return tuple(float(place[t].logprob) if t in place else float("-inf") for t in tokens)
 
 
 def _choice(completion: Any, top: int | None) -> Choice:

@@ -11,6 +11,9 @@ Layout (the output may be a local directory or an S3 prefix)::
     OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse, the
                                          input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
+    OUTPUT/plan/calibration.json         classify: the model's leaning toward each
+                                         label, measured once before the first answer
+                                         (``running.calibration``); first writer wins
 
 A later run that finds new records in the input adds an increment (``scheduling.increments``):
 its shards are numbered after the earlier ones, its keys go to
@@ -71,6 +74,7 @@ PLAN_DIR = "plan"
 # (``scheduling.plan.open_job_input`` says so); every other name works.
 POSITION = "__nightshift_position__"
 MANIFEST = f"{PLAN_DIR}/plan.json"
+CALIBRATION = f"{PLAN_DIR}/calibration.json"
 REJECTS = "rejects.parquet"
 
 
@@ -114,6 +118,21 @@ class PlanStore:
             return json.loads(self.store.get_bytes(MANIFEST))
         except ObjectNotFound:
             return None
+
+    def calibration(self) -> dict[str, Any] | None:
+        """The job's label calibration, or None when none was measured yet."""
+        try:
+            return json.loads(self.store.get_bytes(CALIBRATION))
+        except ObjectNotFound:
+            return None
+
+    def keep_calibration(self, calibration: dict[str, Any]) -> dict[str, Any]:
+        """Store ``calibration`` unless a worker stored one first; the one kept is
+        returned, so every worker of a job labels by the same measure."""
+        data = json.dumps(calibration, indent=2).encode()
+        if self.store.put_if_absent(CALIBRATION, data):
+            return calibration
+        return self.calibration() or calibration
 
     def shard_batches(self, shard: int, rows: int) -> Iterator[pa.RecordBatch]:
         with tempfile.TemporaryDirectory(prefix="nightshift-shard-") as tmp:

@@ -45,6 +45,7 @@ ANSWER_FIELDS = (
     "cached_tokens",
     "choices",  # [] when the engine gave its one answer as text and finish_reason only
 )
+OPTIONAL_FIELDS = ("scores",)  # a classify job's label scores (engines.base.Sampling)
 CHOICE_FIELDS = ("text", "finish_reason", "output_tokens", "stop_sequence", "logprobs")
 _HEX = "[0-9a-f]"
 ENTRY = re.compile(rf"responses/{_HEX}{{64}}/({_HEX}{{2}})/\1{_HEX}{{62}}\.json")
@@ -106,7 +107,7 @@ class ResponseCache:
     def put(self, token_ids: Sequence[int], answer: dict[str, Any]) -> None:
         """Store an answer, unless another job stored one first (a conditional write)."""
         answer = {"choices": [], **answer}
-        answer = {f: answer[f] for f in ANSWER_FIELDS}
+        answer = {f: answer[f] for f in (*ANSWER_FIELDS, *OPTIONAL_FIELDS) if f in answer}
         key = self.key(token_ids)
         entry = {
             "key": key,
@@ -125,7 +126,9 @@ def _valid(data: bytes, key: str) -> dict[str, Any] | None:
         answer = entry["answer"]
         if entry["key"] != key or entry["sha256"] != _checksum(answer):
             return None
-        if set(answer) != set(ANSWER_FIELDS) or not isinstance(answer["text"], str):
+        if set(answer) - set(OPTIONAL_FIELDS) != set(ANSWER_FIELDS):
+            return None
+        if not isinstance(answer["text"], str) or not _scores_valid(answer.get("scores", [])):
             return None
         if not isinstance(answer["choices"], list) or not all(
             set(c) == set(CHOICE_FIELDS) and isinstance(c["text"], str) for c in answer["choices"]
@@ -134,6 +137,11 @@ def _valid(data: bytes, key: str) -> dict[str, Any] | None:
         return answer
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _scores_valid(scores: Any) -> bool:
+    # -inf is JSON's -Infinity, which Python's json writes and reads back
+    return isinstance(scores, list) and all(isinstance(s, int | float) for s in scores)
 
 
 def sample_answers(location: str, scope: str, limit: int) -> list[dict[str, Any]]:

@@ -213,7 +213,22 @@ class ClassifyTask(_Section):
     kind: Literal["classify"] = Field(description="Pick exactly one label per record.")
     labels: list[str] = Field(
         min_length=2,
-        description="The allowed labels; guided decoding makes the engine emit one of them.",
+        description="The allowed labels; every record gets exactly one of them.",
+    )
+    calibrate: bool = Field(
+        True,
+        description="Score every label by the probability of its first token and take out "
+        "the model's leaning toward some labels, measured on a sample of the job's own "
+        "records before the run (calibration); the output's confidence column is the "
+        "label's probability. false: generate a label by guided choice, as vLLM's "
+        "guided_choice does. Labels that start with one same token always use guided choice.",
+    )
+    calibration_records: int = Field(
+        32,
+        ge=4,
+        le=4096,
+        description="Records of the job scored to measure the model's leaning (spread "
+        "over the plan; their answers are not kept, they are scored again in the run).",
     )
 
     @field_validator("labels")

@@ -3,12 +3,23 @@
 A small registry keyed by ``task.kind``: each entry says which guided-decoding
 constraint to use, which columns it adds to the output, and how to parse one answer.
 An answer that does not parse is a per-record failure, kept with its text.
+
+Classify scores labels rather than generating one (``task.calibrate``, on by default):
+the engine returns the log probability of each label's first token at the answer's
+first place, and the label is the likeliest once the model's own leaning is taken out
+(``LabelScoring``; the leaning is measured on a sample of the job's records, see
+``running.calibration``). Greedy guided choice instead commits to the likeliest first
+*token* among every prefix of every label: a small model's mass on a bare ``d`` picks
+``defect`` for ticket after ticket. Labels whose first tokens coincide cannot be told
+apart by their first token; they keep guided choice (``jobs plan`` warns).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -25,20 +36,61 @@ class TaskHandler:
     columns: dict[str, pa.DataType]
     min_tokens: int = 0  # an answer budget below this could cut a valid answer short
 
-    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def parse(
+        self, text: str, finish_reason: str | None, scores: Sequence[float] | None = None
+    ) -> dict[str, Any]:
         return {}
 
 
+@dataclass(frozen=True)
+class LabelScoring:
+    """Classify by score: ``tokens`` are the labels' first token ids (distinct), in label
+    order; ``log_prior`` the model's leaning, the mean probability it gives each label
+    over a sample of the job's records (None until measured: no correction)."""
+
+    labels: tuple[str, ...]
+    tokens: tuple[int, ...]
+    log_prior: tuple[float, ...] | None = None
+
+    def probabilities(self, scores: Sequence[float]) -> list[float]:
+        """Each label's probability given its first token's log probability, the
+        leaning divided out (``log_prior``) and the labels' total made 1."""
+        prior = self.log_prior or (0.0,) * len(scores)
+        adjusted = [s - p for s, p in zip(scores, prior, strict=True)]
+        top = max(adjusted)
+        if top == -math.inf:
+            raise RecordError("the engine gave every label a probability of 0")
+        weights = [math.exp(a - top) for a in adjusted]
+        return [w / sum(weights) for w in weights]
+
+
+@dataclass(frozen=True)
 class ClassifyHandler(TaskHandler):
-    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        label = text.strip()
-        if label not in self.constraint.choice:
-            raise RecordError(f"answer {text[:80]!r} is not one of the labels")
-        return {"label": label}
+    scoring: LabelScoring | None = None  # None: guided choice
+
+    def parse(
+        self, text: str, finish_reason: str | None, scores: Sequence[float] | None = None
+    ) -> dict[str, Any]:
+        if self.scoring is None:
+            label = text.strip()
+            if label not in self.constraint.choice:
+                raise RecordError(f"answer {text[:80]!r} is not one of the labels")
+            return {"label": label, "confidence": None}
+        if scores is None or len(scores) != len(self.scoring.labels):
+            raise RecordError("the engine returned no score for each label")
+        chances = self.scoring.probabilities(scores)
+        best = max(range(len(chances)), key=chances.__getitem__)
+        label = self.scoring.labels[best]
+        return {"label": label, "text": label, "confidence": round(chances[best], 6)}
+
+    def calibrated(self, log_prior: Sequence[float]) -> ClassifyHandler:
+        return replace(self, scoring=replace(self.scoring, log_prior=tuple(log_prior)))
 
 
 class ExtractHandler(TaskHandler):
-    def parse(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def parse(
+        self, text: str, finish_reason: str | None, scores: Sequence[float] | None = None
+    ) -> dict[str, Any]:
         import jsonschema
 
         try:
@@ -58,7 +110,13 @@ def _generate(task: GenerateTask) -> TaskHandler:
     return TaskHandler(constraint=None, columns=TASK_COLUMNS["generate"])
 
 
-def _classify(task: ClassifyTask) -> TaskHandler:
+Encode = Callable[[str], list[int]]  # a tokenizer's ids of plain text
+
+
+def _classify(task: ClassifyTask, encode: Encode | None = None) -> TaskHandler:
+    scoring = label_scoring(task, encode) if encode is not None else None
+    if scoring is not None:
+        return ClassifyHandler(None, TASK_COLUMNS["classify"], min_tokens=1, scoring=scoring)
     # Guided choice may spell a label in any tokenization, but every token is at least one
     # byte: the longest label's bytes plus an end token always suffice, and the answer
     # stops there, so the larger budget costs nothing.
@@ -68,6 +126,30 @@ def _classify(task: ClassifyTask) -> TaskHandler:
     )
 
 
+def label_scoring(task: ClassifyTask, encode: Encode) -> LabelScoring | None:
+    """How the labels are scored, or None when they are generated by guided choice:
+    ``task.calibrate`` off, or two labels starting with one same token."""
+    if not task.calibrate:
+        return None
+    tokens = tuple(first_token(label, encode) for label in task.labels)
+    if None in tokens or len(set(tokens)) < len(tokens):
+        return None
+    return LabelScoring(tuple(task.labels), tokens)
+
+
+def label_encoder(spec: JobSpec, encoder) -> Encode:
+    """Plain text's token ids as the answer's first place sees a label: right after the
+    chat template's assistant header, or, for raw text (``prompt.chat_template: false``),
+    after the template's last character, a space before it unless that is whitespace."""
+    space = not spec.prompt.chat_template and not (spec.prompt.template or " ")[-1:].isspace()
+    return lambda text: encoder.encode_texts([f" {text}" if space else text])[0]
+
+
+def first_token(label: str, encode: Encode) -> int | None:
+    ids = encode(label)
+    return ids[0] if ids else None
+
+
 def _extract(task: ExtractTask) -> TaskHandler:
     return ExtractHandler(Constraint(json_schema=task.json_schema), TASK_COLUMNS["extract"])
 
@@ -75,7 +157,13 @@ def _extract(task: ExtractTask) -> TaskHandler:
 _HANDLERS = {"generate": _generate, "classify": _classify, "extract": _extract}
 
 
-def handler_for(task: GenerateTask | ClassifyTask | ExtractTask) -> TaskHandler:
+def handler_for(
+    task: GenerateTask | ClassifyTask | ExtractTask, encode: Encode | None = None
+) -> TaskHandler:
+    """The task's handler; ``encode`` (the model's tokenizer) lets classify score its
+    labels, which needs their token ids; without it classify generates by guided choice."""
+    if task.kind == "classify":
+        return _classify(task, encode)
     return _HANDLERS[task.kind](task)
 
 
@@ -86,6 +174,9 @@ def answer_budget(spec: JobSpec) -> int:
 
 def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
     s = spec.sampling
+    scoring = getattr(task, "scoring", None)
+    if scoring is not None:  # one greedy step, for the label tokens' scores only
+        return Sampling(1, 0.0, score_tokens=scoring.tokens)
     budget = answer_budget(spec)
     return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
 
@@ -113,11 +204,12 @@ def shared_first_tokens(labels: list[str], encode) -> list[tuple[str, list[str]]
 
 def label_warnings(spec: JobSpec, encode) -> list[str]:
     """What ``jobs plan`` says about a classify job's labels under its tokenizer."""
-    if spec.task.kind != "classify":
-        return []
+    if spec.task.kind != "classify" or label_scoring(spec.task, encode) is not None:
+        return []  # scored labels: only their (distinct) first tokens count
     return [
         f"task.labels: {', '.join(members)} can all start with the token {piece!r} under "
-        "this model's tokenizer; guided choice commits to a first token, so their "
+        "this model's tokenizer, so they are generated by guided choice (they cannot be "
+        "scored by their first tokens); guided choice commits to a first token, so their "
         "probabilities pool there and one of them is chosen far more often than it "
         "should be. Give labels that start differently (e.g. payment, defect, login, "
         "general instead of billing, bug, account, other)."

@@ -99,6 +99,9 @@ def _report(
     report["cost_compare"] = compare_section(
         spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
     )
+    calibration = runner.calibration.section()
+    if calibration is not None:  # classify: what the labels were corrected by
+        report["calibration"] = calibration
     # eval: quality over every committed record, beside this run's cost
     quality = report_quality(spec, output, c["usd_total"])
     if quality is not None:

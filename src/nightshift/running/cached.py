@@ -117,6 +117,7 @@ def answer_of(result: EngineResult) -> dict[str, Any]:
             }
             for c in result.choices
         ],
+        **({} if result.scores is None else {"scores": list(result.scores)}),
     }
 
 
@@ -140,6 +141,7 @@ def result_of(key: int, answer: dict[str, Any]) -> EngineResult:
         output_tokens=int(answer["output_tokens"]),
         cached_tokens=int(answer["cached_tokens"]),
         choices=choices,
+        scores=tuple(map(float, answer["scores"])) if "scores" in answer else None,
     )
 
 

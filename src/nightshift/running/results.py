@@ -55,7 +55,8 @@ class ResultTables:
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
-            return {**row, **self.task.parse(result.text, result.finish_reason)}, True
+            parsed = self.task.parse(result.text, result.finish_reason, result.scores)
+            return {**row, **parsed}, True
         except RecordError as exc:
             return {**row, "error": str(exc)}, False
 

@@ -36,8 +36,9 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.kept import kept_columns
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.jobs.tasks import handler_for, label_encoder, sampling_for
 from nightshift.running.cached import RunCache
+from nightshift.running.calibration import LabelCalibration
 from nightshift.running.copies import CopyBook, copy_rows, not_sent
 from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
@@ -82,7 +83,10 @@ class ShardRunner:
         # shard -> set by a worker's lease keeper when another worker took it over.
         self.lease_lost: dict[int, threading.Event] = {}
         self.lost: set[int] = set()  # shards given up here because their lease was lost
-        self.task = handler_for(spec.task)
+        # classify scores its labels, by the calibration once measured (running.calibration)
+        handler = handler_for(spec.task, label_encoder(spec, encoder))
+        self.calibration = LabelCalibration(spec, plans, manifest, encoder, handler)
+        self.task = self.calibration.handler
         # input.keep_columns and the eval column, as far as the plan holds them (jobs.kept)
         self.kept = kept_columns(spec, input_schema(manifest).names)
         self.tables = ResultTables(
@@ -199,6 +203,8 @@ class ShardRunner:
     def _generate(
         self, engine: Engine, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
     ) -> None:
+        if self.calibration.due:  # before the first answer: every row labels by it
+            self.task = self.tables.task = self.calibration.measure_on(engine, self._keys)
         sampling = sampling_for(self.spec, self.task)
         results = engine.run(self._requests(feed, queue, work), sampling)
         with contextlib.closing(results):  # closing aborts what the engine still holds

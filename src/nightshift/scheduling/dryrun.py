@@ -9,7 +9,7 @@ from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import answer_budget, label_warnings
+from nightshift.jobs.tasks import answer_budget, label_encoder, label_warnings
 from nightshift.scheduling.cachescope import sampled_output
 from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
 from nightshift.scheduling.dedup import distinct_records
@@ -34,7 +34,7 @@ def plan_summary(
     encoder = load_encoder(spec)
     plan = build_plan(spec, encoder, progress)
     summary = describe(plan, spec)
-    summary["warnings"] = label_warnings(spec, lambda text: encoder.encode_texts([text])[0])
+    summary["warnings"] = label_warnings(spec, label_encoder(spec, encoder))
     if write:
         output = JobOutput(spec.output.path)
         output.refuse_foreign()  # others' files: never write a plan (or rejects) among them

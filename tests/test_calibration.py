@@ -1,0 +1,183 @@
+"""Classify by scored, calibrated labels: the model's leaning measured on a sample of the
+job's records and taken out, once per job (plan/calibration.json), on the fake engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from nightshift.cli import app
+from nightshift.engines.base import EngineRequest
+from nightshift.engines.fake import FakeEngine
+from nightshift.errors import RecordError
+from nightshift.jobs.loading import validate_spec
+from nightshift.jobs.tasks import LabelScoring, handler_for, label_encoder, sampling_for
+from nightshift.running.calibration import calibration_of, measure
+
+from .conftest import spec_dict, write_records
+
+runner = CliRunner()
+LABELS = ["billing", "bug", "account", "other"]
+SCORED = ["payment", "defect", "login", "general"]  # distinct first tokens, tiny model too
+
+
+def classify_spec(**task):
+    data = spec_dict("m", "in", "out", task={"kind": "classify", "labels": LABELS, **task})
+    return validate_spec(data)
+
+
+def encode_by_letter(text: str) -> list[int]:
+    """A toy tokenizer: one id per character (so ``billing`` and ``bug`` share one)."""
+    return [ord(c) for c in text]
+
+
+def encode_by_word(text: str) -> list[int]:
+    return [sum(ord(c) * 31**i for i, c in enumerate(text)) % 100_000]
+
+
+class LeaningEngine(FakeEngine):
+    """The fake engine with a model that leans: ``lean`` added to the first label's
+    score on every prompt, whatever it says (the fake's scores flattened, as a real
+    model's are over a few labels)."""
+
+    def __init__(self, lean: float = 4.0) -> None:
+        super().__init__()
+        self.lean = lean
+
+    def _one(self, request, sampling):
+        result = super()._one(request, sampling)
+        if result.scores is None:
+            return result
+        first, *rest = (s / 5 for s in result.scores)
+        return type(result)(**{**vars(result), "scores": (first + self.lean, *rest)})
+
+
+def test_labels_with_distinct_first_tokens_are_scored_and_answered_in_one_step():
+    spec = classify_spec(labels=["payment", "defect", "login", "general"])
+    handler = handler_for(spec.task, encode_by_word)
+    assert handler.scoring is not None and handler.constraint is None
+    sampling = sampling_for(spec, handler)
+    assert sampling.max_tokens == 1 and sampling.score_tokens == handler.scoring.tokens
+
+
+def test_labels_sharing_a_first_token_or_calibrate_off_keep_guided_choice():
+    shared = handler_for(classify_spec().task, encode_by_letter)  # billing, bug: 'b'
+    assert shared.scoring is None and shared.constraint.choice == tuple(LABELS)
+    off = handler_for(classify_spec(calibrate=False).task, encode_by_word)
+    assert off.scoring is None and sampling_for(classify_spec(), off).score_tokens == ()
+
+
+def test_raw_prompts_score_labels_after_a_space():
+    class Encoder:
+        def encode_texts(self, texts):
+            return [[len(t)] for t in texts]
+
+    data = spec_dict("m", "in", "out")
+    data["prompt"] = {"template": "Ticket: {body}\nCategory:", "chat_template": False}
+    assert label_encoder(validate_spec(data), Encoder())("bug") == [4]  # " bug"
+    data["prompt"]["template"] = "Ticket: {body}\nCategory: "
+    assert label_encoder(validate_spec(data), Encoder())("bug") == [3]
+    assert label_encoder(classify_spec(), Encoder())("bug") == [3]  # chat: no space
+
+
+def test_parse_takes_the_likeliest_label_once_the_leaning_is_divided_out():
+    scoring = LabelScoring(("a", "b"), (97, 98))
+    handler = handler_for(
+        validate_spec(
+            spec_dict("m", "i", "o", task={"kind": "classify", "labels": ["a", "b"]})
+        ).task,
+        lambda text: [ord(text)],
+    )
+    assert handler.scoring == scoring
+    assert handler.parse("x", "length", [-0.1, -2.0])["label"] == "a"
+    # the model gives "a" e^3 times b's share on average: a small lead of a is no lead
+    leaning = handler.calibrated([math.log(2 * 0.95), math.log(2 * 0.05)])
+    parsed = leaning.parse("x", "length", [-0.1, -2.0])
+    assert parsed["label"] == parsed["text"] == "b"
+    assert 0.5 < parsed["confidence"] < 1
+    with pytest.raises(RecordError, match="no score"):
+        handler.parse("a", "stop", None)
+    with pytest.raises(RecordError, match="probability of 0"):
+        handler.parse("a", "stop", [-math.inf, -math.inf])
+
+
+def test_measure_finds_the_leaning_and_the_calibrated_labels_spread_again():
+    spec = classify_spec(labels=["payment", "defect", "login", "general"])
+    handler = handler_for(spec.task, encode_by_word)
+    engine = LeaningEngine(lean=1.5)
+    prompts = [EngineRequest(k, [7, k, k * 3 % 11, 5]) for k in range(400)]
+    sampling = sampling_for(spec, handler)
+
+    def shares(h) -> list[float]:
+        labels = [
+            h.parse(r.text, r.finish_reason, r.scores)["label"]
+            for r in engine.run(prompts, sampling)
+        ]
+        return [labels.count(label) / len(labels) for label in h.scoring.labels]
+
+    assert shares(handler)[0] > 0.8  # uncorrected: the leaning wins nearly every record
+    stored = measure(engine, prompts[:64], sampling, handler.scoring)
+    assert stored["records"] == 64 and stored["mean_probability"][0] > 0.5
+    calibrated = shares(handler.calibrated(stored["log_prior"]))
+    assert all(0.1 < share < 0.45 for share in calibrated), calibrated
+
+
+def test_nothing_measured_corrects_nothing():
+    scoring = LabelScoring(("a", "b", "c"), (1, 2, 3))
+    stored = calibration_of(scoring, [])
+    assert stored["records"] == 0 and stored["log_prior"] == [0.0, 0.0, 0.0]
+
+
+def _run(tmp_path, models, write_spec, *more, **sections):
+    rows = [
+        {"ticket_id": i, "subject": f"s{i % 3}", "body": f"ticket {i} on {i % 7}"}
+        for i in range(90)
+    ]
+    input_path = write_records(tmp_path / "in" / "t.parquet", rows)
+    labels = {"kind": "classify", "labels": SCORED}
+    spec = write_spec(
+        spec_dict(models["chat"], input_path, tmp_path / "out", task=labels, **sections)
+    )
+    return spec
+
+
+def test_a_run_measures_once_keeps_the_measure_and_labels_every_row_by_it(
+    models, tmp_path, write_spec
+):
+    out = tmp_path / "out"
+    spec = _run(tmp_path, models, write_spec, plan={"shard_records": 30})
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    stored = json.loads((out / "plan" / "calibration.json").read_text())
+    assert stored["labels"] == SCORED
+    assert stored["records"] == 32  # task.calibration_records, spread over the 3 shards
+    report = json.loads((out / "report.json").read_text())
+    assert report["calibration"]["records"] == 32
+    rows = pl.read_parquet(out / "results" / "*.parquet")
+    assert rows.height == 90 and rows["label"].is_in(stored["labels"]).all()
+    assert ((rows["confidence"] > 0) & (rows["confidence"] <= 1)).all()
+    assert (rows["text"] == rows["label"]).all()
+
+
+def test_a_stored_measure_is_taken_up_not_measured_again(models, tmp_path, write_spec):
+    out = tmp_path / "out"
+    spec = _run(tmp_path, models, write_spec)
+    planned = runner.invoke(app, ["jobs", "plan", str(spec), "--write"])
+    assert planned.exit_code == 0, planned.output
+    # a measure that says the model leans away from "general" by far: every row is that
+    lean = {
+        "labels": SCORED,
+        "records": 5,
+        "mean_probability": [0.33, 0.33, 0.33, 0.01],
+        "log_prior": [20.0, 20.0, 20.0, -20.0],
+    }
+    (out / "plan" / "calibration.json").write_text(json.dumps(lean))
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = pl.read_parquet(out / "results" / "*.parquet")
+    assert rows.height == 90 and (rows["label"] == "general").all()
+    assert json.loads((out / "report.json").read_text())["calibration"]["records"] == 5
