@@ -181,3 +181,20 @@ def test_a_stored_measure_is_taken_up_not_measured_again(models, tmp_path, write
     rows = pl.read_parquet(out / "results" / "*.parquet")
     assert rows.height == 90 and (rows["label"] == "general").all()
     assert json.loads((out / "report.json").read_text())["calibration"]["records"] == 5
+
+
+def test_an_output_planned_before_scoring_keeps_guided_choice(models, tmp_path, write_spec):
+    """A plan.json without labels_by (older nightshift) was answered by guided choice:
+    resuming it goes on so, and one output never mixes two ways of labelling."""
+    out = tmp_path / "out"
+    spec = _run(tmp_path, models, write_spec)
+    assert runner.invoke(app, ["jobs", "plan", str(spec), "--write"]).exit_code == 0
+    manifest = json.loads((out / "plan" / "plan.json").read_text())
+    assert manifest.pop("labels_by") == "score"
+    (out / "plan" / "plan.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = pl.read_parquet(out / "results" / "*.parquet")
+    assert rows.height == 90 and rows["confidence"].is_null().all()
+    assert not (out / "plan" / "calibration.json").exists()
+    assert "calibration" not in json.loads((out / "report.json").read_text())

@@ -69,6 +69,7 @@ def test_output_has_one_row_per_record_with_labels_and_counts(models, ticket_dir
         "subject",
         "text",
         "label",
+        "confidence",
         "finish_reason",
         "prompt_tokens",
         "output_tokens",

@@ -231,6 +231,12 @@ class ClassifyTask(_Section):
         "over the plan; their answers are not kept, they are scored again in the run).",
     )
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Defaults left out: a classify job's task (and fingerprint) reads as it did
+        # before calibration existed; plan.json's labels_by says how its labels are made.
+        return _without_defaults(handler(self), {"calibrate": True, "calibration_records": 32})
+
     @field_validator("labels")
     @classmethod
     def _labels_distinct(cls, labels: list[str]) -> list[str]:

@@ -137,6 +137,16 @@ def label_scoring(task: ClassifyTask, encode: Encode) -> LabelScoring | None:
     return LabelScoring(tuple(task.labels), tokens)
 
 
+def labels_by(spec: JobSpec) -> dict[str, str]:
+    """plan.json's record of how a classify job's labels are made, fixed by its first
+    plan: ``score`` (``task.calibrate``, where the labels' first tokens differ) or
+    ``guided choice``. A plan without it (older nightshift) keeps guided choice, so one
+    output never mixes the two."""
+    if spec.task.kind != "classify":
+        return {}
+    return {"labels_by": "score" if spec.task.calibrate else "guided choice"}
+
+
 def label_encoder(spec: JobSpec, encoder) -> Encode:
     """Plain text's token ids as the answer's first place sees a label: right after the
     chat template's assistant header, or, for raw text (``prompt.chat_template: false``),

@@ -84,7 +84,8 @@ class ShardRunner:
         self.lease_lost: dict[int, threading.Event] = {}
         self.lost: set[int] = set()  # shards given up here because their lease was lost
         # classify scores its labels, by the calibration once measured (running.calibration)
-        handler = handler_for(spec.task, label_encoder(spec, encoder))
+        scored = manifest.get("labels_by") == "score"  # as the first plan fixed it
+        handler = handler_for(spec.task, label_encoder(spec, encoder) if scored else None)
         self.calibration = LabelCalibration(spec, plans, manifest, encoder, handler)
         self.task = self.calibration.handler
         # input.keep_columns and the eval column, as far as the plan holds them (jobs.kept)

@@ -32,7 +32,7 @@ from nightshift.io.inputs import (
 from nightshift.io.planstore import POSITION
 from nightshift.jobs.columns import check_column_types
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import answer_budget
+from nightshift.jobs.tasks import answer_budget, labels_by
 from nightshift.scheduling.dedup import (
     ANSWERED_FROM,
     dedup_applies,
@@ -296,6 +296,7 @@ def describe(plan: Plan, spec: JobSpec) -> dict[str, Any]:
         },
         "prefix_reuse": plan.prefix_reuse,
         "repeats": repeats_summary(plan.records),  # dedup: answered from another record
+        **labels_by(spec),  # classify: scored or generated labels, fixed for the output
     }
 
 
