@@ -20,6 +20,9 @@ QUIET  := grep -v "^WARNING: Location" || true
 demo: $(DEMO_FILES)
 	$(VENV)/bin/nightshift jobs run configs/classify.yaml --overwrite
 	@echo
+	@awk '/^### Confusion matrix/{f=1} /^Engine:/{f=0} f' out/classify-tickets/report.md
+	@$(PY) -c "import polars as pl; pl.Config.set_tbl_rows(8); print(pl.read_parquet('out/classify-tickets/results/*.parquet').select('ticket_id', 'subject', 'label', 'confidence', 'true_label').head(8))"
+	@echo
 	@echo "results: out/classify-tickets/results/*.parquet (failed/*.parquet and rejects.parquet beside them; status: .venv/bin/nightshift jobs status out/classify-tickets)"
 	@echo "report:  out/classify-tickets/report.md (and report.json, report.png)"
 

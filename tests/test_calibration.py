@@ -161,6 +161,7 @@ def test_a_run_measures_once_keeps_the_measure_and_labels_every_row_by_it(
     assert rows.height == 90 and rows["label"].is_in(stored["labels"]).all()
     assert ((rows["confidence"] > 0) & (rows["confidence"] <= 1)).all()
     assert (rows["text"] == rows["label"]).all()
+    assert (rows["finish_reason"] == "stop").all()  # one step, yet the label is whole
 
 
 def test_a_stored_measure_is_taken_up_not_measured_again(models, tmp_path, write_spec):

@@ -17,6 +17,7 @@ from nightshift.cli.cache import cache_app
 from nightshift.cli.evaluate import register as register_eval
 from nightshift.cli.jobs import jobs_app
 from nightshift.cli.schedule import schedule_app
+from nightshift.cli.tune import register as register_tune
 from nightshift.demo.cli import demo_app
 from nightshift.pipelines import stops
 
@@ -28,6 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 register_eval(jobs_app)  # `jobs eval`, beside `jobs export`
+register_tune(jobs_app)  # `jobs tune`, beside `jobs plan`
 app.add_typer(jobs_app, name="jobs")
 register_batch_serve(batch_app)  # `batch serve`, beside `batch run`
 app.add_typer(batch_app, name="batch")

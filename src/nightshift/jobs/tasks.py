@@ -81,7 +81,9 @@ class ClassifyHandler(TaskHandler):
         chances = self.scoring.probabilities(scores)
         best = max(range(len(chances)), key=chances.__getitem__)
         label = self.scoring.labels[best]
-        return {"label": label, "text": label, "confidence": round(chances[best], 6)}
+        # one scoring step ends at max_tokens 1, yet the label is whole: not cut off
+        confidence = round(chances[best], 6)
+        return {"label": label, "text": label, "confidence": confidence, "finish_reason": "stop"}
 
     def calibrated(self, log_prior: Sequence[float]) -> ClassifyHandler:
         return replace(self, scoring=replace(self.scoring, log_prior=tuple(log_prior)))

@@ -1,0 +1,102 @@
+"""One candidate of ``jobs tune``, run and measured: the job's own steps on the sample.
+
+Each candidate is a whole job run (plan, engine start, shards, report) through the steps
+``jobs run`` takes (``pipelines.direct.run_job``), into its own output under the tune's
+folder, with the response cache off (a cached answer would time nothing). Its figures
+come from that run's report.json; its answers are compared with the reference's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from nightshift.jobs.loading import validate_spec
+from nightshift.tuning.candidates import Candidate
+
+ANSWER_COLUMN = {"classify": "label", "extract": "json", "generate": "text"}
+
+
+def candidate_spec(data: dict[str, Any], candidate: Candidate, sample: Path, out: Path):
+    """The job's spec (``data``, the user's overrides applied) as ``candidate`` runs it."""
+    data = candidate.applied(data)
+    data["input"] = {**data["input"], "path": str(sample)}
+    data["output"] = {**data.get("output", {}), "path": str(out)}
+    data["cache"] = {**data.get("cache", {}), "path": None}
+    return validate_spec(data)
+
+
+def run_candidate(data: dict[str, Any], candidate: Candidate, sample: Path, out: Path) -> dict:
+    """Run ``candidate`` on ``sample`` into ``out``: its report, or the error it met. The
+    engine's own output goes to ``out``.log, as ``jobs run`` sends it to a log file."""
+    from nightshift.console import engine_output_to
+    from nightshift.errors import NightshiftError
+    from nightshift.pipelines.direct import run_job
+
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        spec = candidate_spec(data, candidate, sample, out)
+        with engine_output_to(out.with_suffix(".log")):
+            return {"report": run_job(spec, overwrite=True, progress=False).report}
+    except (NightshiftError, RuntimeError, ValueError, TypeError) as exc:
+        # an engine that refuses a setting (speculation on this hardware): said, not fatal
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def figures(report: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[str, Any]:
+    """Speed and cost of a run's generation (start-up left out: a full job amortizes it),
+    and what bound it, as measured by the engine's own counters."""
+    generate = max(report["time_s"]["generate"], 1e-9)
+    tokens = report["tokens"]
+    answered = report["records"]["ok"] + report["records"]["failed"]
+    tokens_per_s = (tokens["prompt"] + tokens["output"]) / generate
+    records_per_s = answered / generate
+    usd_per_s = usd_per_gpu_hour * gpus / 3600
+    counters = (report.get("engine") or {}).get("counters") or {}
+    prefill, decode = counters.get("prefill_seconds", 0.0), counters.get("decode_seconds", 0.0)
+    return {
+        "tokens_per_s": round(tokens_per_s, 2),
+        "records_per_s": round(records_per_s, 3),
+        "usd_per_million_tokens": round(usd_per_s / tokens_per_s * 1e6, 4)
+        if tokens_per_s
+        else None,
+        "usd_per_1000_records": round(usd_per_s / records_per_s * 1e3, 4)
+        if records_per_s
+        else None,
+        "generate_s": round(generate, 2),
+        "engine_startup_s": round(report["time_s"].get("engine_startup", 0.0), 2),
+        "records_answered": answered,
+        "prefix_cache_hit_rate": report.get("prefix_cache_hit_rate"),
+        "bound_by": _bound(prefill, decode),
+        "prefill_share": round(prefill / (prefill + decode), 3) if prefill + decode else None,
+        "kv_cache_dtype": (report.get("engine") or {}).get("kv_cache_dtype"),
+        "accuracy": (report.get("quality") or {}).get("accuracy"),
+    }
+
+
+def _bound(prefill: float, decode: float) -> str | None:
+    """Where the requests' time went: reading prompts (prefill) or writing answers."""
+    if prefill + decode <= 0:
+        return None
+    return "prefill" if prefill >= decode else "decode"
+
+
+def answers(out: Path, id_column: str, kind: str) -> dict[Any, Any]:
+    """A run's answers by record id (ok rows; a failed record has none)."""
+    files = sorted((out / "results").glob("*.parquet"))
+    if not files:
+        return {}
+    rows = pl.read_parquet(files, columns=[id_column, ANSWER_COLUMN[kind]])
+    return dict(zip(rows[id_column].to_list(), rows[ANSWER_COLUMN[kind]].to_list(), strict=True))
+
+
+def agreement(reference: dict[Any, Any], candidate: dict[Any, Any]) -> float | None:
+    """The share of the reference's answered records the candidate answers the same
+    (a record it failed or left out counts as different)."""
+    if not reference:
+        return None
+    same = sum(candidate.get(i, object()) == answer for i, answer in reference.items())
+    return round(same / len(reference), 4)

@@ -1,0 +1,144 @@
+"""``jobs tune``: candidates, the sample, agreement with the reference and the choice,
+through the CLI on the fake engine (tests/test_real_model.py runs it on vLLM)."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from nightshift.cli import app
+from nightshift.errors import SpecError
+from nightshift.jobs.loading import load_spec, validate_spec
+from nightshift.tuning.candidates import default_candidates, parse_tries, split_values
+from nightshift.tuning.sample import default_size, sample_ids
+from nightshift.tuning.tune import choose
+
+from .conftest import spec_dict, write_records
+
+runner = CliRunner()
+
+
+def test_try_values_split_on_commas_outside_brackets():
+    assert split_values("64,128") == ["64", "128"]
+    assert split_values('{"method": "ngram", "k": 4},null') == [
+        '{"method": "ngram", "k": 4}',
+        "null",
+    ]
+    [a, b] = parse_tries(["engine.max_num_seqs=8,16"])
+    assert a.sets == {"engine.max_num_seqs": 8} and b.sets == {"engine.max_num_seqs": 16}
+    with pytest.raises(SpecError, match="--try"):
+        parse_tries(["engine.max_num_seqs"])
+
+
+def test_default_levers_halve_and_double_the_batch_limits_and_flip_the_kv_cache():
+    spec = validate_spec(spec_dict("m", "i", "o", engine={"max_num_seqs": 64}))
+    sets = [c.sets for c in default_candidates(spec)]
+    assert {"engine.max_num_seqs": 32} in sets and {"engine.max_num_seqs": 128} in sets
+    assert {"engine.kv_cache_dtype": "auto"} in sets  # the job's default is fp8
+    assert not any("engine.extra.speculative_config" in s for s in sets)  # one-token labels
+    long = validate_spec(
+        spec_dict("m", "i", "o", task={"kind": "generate"}, sampling={"max_tokens": 64})
+    )
+    assert any("engine.extra.speculative_config" in c.sets for c in default_candidates(long))
+
+
+def test_the_sample_is_a_few_runs_of_consecutive_records_in_plan_order(models, tmp_path):
+    rows = [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 5}", "body": "x " * (i % 40 + 1)}
+        for i in range(300)
+    ]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    spec = validate_spec(spec_dict(models["chat"], inputs, tmp_path / "out"))
+    ids, total = sample_ids(spec, 40)
+    assert total == 300 and len(ids) == len(set(ids)) == 40
+    from nightshift.scheduling.plan import build_plan, load_encoder
+
+    order = build_plan(spec, load_encoder(spec), progress=False).records.sort("position")
+    place = {r: i for i, r in enumerate(order["record_id"].to_list())}
+    spots = sorted(place[i] for i in ids)
+    runs = 1 + sum(b != a + 1 for a, b in zip(spots, spots[1:], strict=False))
+    assert runs <= 4 and spots[0] == 0 and spots[-1] == 299  # spread to both ends
+    assert default_size(400) == 32 and default_size(100_000) == 2000 and default_size(20) == 20
+
+
+def test_choose_takes_the_fastest_that_agrees_and_says_its_gain():
+    entries = [
+        {"name": "reference", "sets": {}, "tokens_per_s": 100.0, "agreement": 1.0},
+        {"name": "job", "sets": {}, "tokens_per_s": 120.0, "agreement": 0.99},
+        {"name": "fast", "sets": {"a": 1}, "tokens_per_s": 200.0, "agreement": 0.9},
+        {"name": "good", "sets": {"b": 2}, "tokens_per_s": 150.0, "agreement": 0.985},
+        {"name": "broken", "sets": {}, "error": "no"},
+    ]
+    assert choose(entries, 0.98) == {"name": "good", "sets": {"b": 2}, "speedup_over_job": 1.25}
+    assert choose(entries, 0.5)["name"] == "fast"
+    assert choose(entries[4:], 0.5) is None
+
+
+def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tmp_path, write_spec):
+    rows = [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 4}", "body": f"body {i}"} for i in range(200)
+    ]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    data = spec_dict(
+        models["chat"],
+        inputs,
+        tmp_path / "out",
+        task={"kind": "generate"},
+        sampling={"max_tokens": 6},
+    )
+    spec = write_spec(data)
+    tuned = tmp_path / "tuned.yaml"
+    result = runner.invoke(
+        app,
+        [
+            "jobs",
+            "tune",
+            str(spec),
+            "--set",
+            "run.engine=fake",
+            "--sample",
+            "24",
+            "--no-defaults",
+            "--try",
+            "engine.max_num_seqs=16",
+            "--try",
+            "sampling.max_tokens=2",
+            "--write",
+            str(tuned),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "out.tune"
+    summary = json.loads((folder / "tune.json").read_text())
+    names = [c["name"] for c in summary["candidates"]]
+    assert names == ["reference", "job", "max_num_seqs=16", "max_tokens=2"]
+    assert summary["sample"]["records"] == 24
+    by_name = {c["name"]: c for c in summary["candidates"]}
+    # agreement, counted here from the two outputs: the fake's answers follow the prompt
+    # and sampling, not engine settings; shorter answers differ from the reference's
+    ref = _texts(by_name["reference"]["output"])
+    for name in names:
+        got = _texts(by_name[name]["output"])
+        expected = sum(got.get(i) == t for i, t in ref.items()) / len(ref)
+        assert by_name[name]["agreement"] == pytest.approx(expected)
+    assert (
+        by_name["max_num_seqs=16"]["agreement"] == 1.0
+        and by_name["max_tokens=2"]["agreement"] == 0.0
+    )
+    assert all(
+        c["tokens_per_s"] > 0 and c["usd_per_million_tokens"] > 0 for c in summary["candidates"]
+    )
+    assert summary["chosen"]["name"] in {"reference", "job", "max_num_seqs=16"}
+    assert (folder / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| max_tokens=2 |" in (folder / "tune.md").read_text()
+    written = tuned.read_text()
+    assert written.startswith("# Tuned by `nightshift jobs tune` on 24 of 200 records")
+    assert load_spec(tuned).name == data["name"]
+
+
+def _texts(out: str) -> dict:
+    rows = pl.read_parquet(f"{out}/results/*.parquet")
+    return dict(zip(rows["ticket_id"].to_list(), rows["text"].to_list(), strict=True))
