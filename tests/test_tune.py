@@ -1,5 +1,5 @@
 """``jobs tune``: candidates, the sample, agreement with the reference and the choice,
-through the CLI on the fake engine (tests/test_real_model.py runs it on vLLM)."""
+through the CLI on the fake engine (tests/test_tune_engine.py runs it on vLLM)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def tune(
     from nightshift.tuning.tune import TuneJob, candidates_for, run_tune
 
     job = TuneJob.load(spec, overrides, folder, min_agreement)
-    candidates = candidates_for(job, tries, defaults=not no_defaults)
+    candidates = candidates_for(job, tries or [], defaults=not no_defaults)
     bar = tqdm(
         total=len(candidates), desc="candidates", file=screen(), disable=not sys.stderr.isatty()
     )

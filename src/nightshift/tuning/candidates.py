@@ -49,7 +49,10 @@ class Candidate:
 
 def reference(spec: JobSpec) -> Candidate:
     """The job at its most exact: KV cache in the model's dtype, no speculation."""
-    return Candidate(REFERENCE, {"engine.kv_cache_dtype": "auto", SPECULATION: None})
+    sets: dict[str, Any] = {"engine.kv_cache_dtype": "auto"}
+    if spec.engine.extra.get("speculative_config") is not None:
+        sets[SPECULATION] = None  # vLLM's default: none
+    return Candidate(REFERENCE, sets)
 
 
 def default_candidates(spec: JobSpec) -> list[Candidate]:

@@ -39,7 +39,7 @@ class TuneJob:
     @classmethod
     def load(cls, path: Path, overrides: list[str], folder: Path | None, min_agreement: float):
         data = read_yaml(path)
-        for item in overrides:
+        for item in overrides or []:
             apply_override(data, item)
         spec = validate_spec(data)
         return cls(data, spec, folder or default_folder(spec), min_agreement)

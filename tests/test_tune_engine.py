@@ -1,0 +1,53 @@
+"""``jobs tune`` on the real engine (vLLM, the tiny model): the reference and the job
+itself, each its own engine, agreement as counted from their two outputs."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from nightshift.cli import app
+
+from .conftest import spec_dict, write_records
+
+pytestmark = pytest.mark.engine
+
+
+def test_jobs_tune_on_vllm_compares_the_job_with_the_reference(models, tmp_path, write_spec):
+    rows = [
+        {"ticket_id": f"t{i:02d}", "subject": f"s{i % 3}", "body": f"my order {i} is late"}
+        for i in range(40)
+    ]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    data = spec_dict(
+        models["chat"],
+        inputs,
+        tmp_path / "out",
+        task={"kind": "generate"},
+        sampling={"max_tokens": 8},
+    )
+    data["engine"] = {**data["engine"], "kv_cache_dtype": "fp8", "max_num_seqs": 16}
+    result = CliRunner().invoke(
+        app, ["jobs", "tune", str(write_spec(data)), "--sample", "16", "--no-defaults"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out.tune" / "tune.json").read_text())
+    entries = {c["name"]: c for c in summary["candidates"]}
+    assert list(entries) == ["reference", "job"] and summary["sample"]["records"] == 16
+    assert entries["reference"]["kv_cache_dtype"] == "auto"
+    texts = {
+        name: dict(
+            pl.read_parquet(f"{e['output']}/results/*.parquet")
+            .select("ticket_id", "text")
+            .iter_rows()
+        )
+        for name, e in entries.items()
+    }
+    same = sum(texts["job"].get(i) == t for i, t in texts["reference"].items()) / 16
+    assert entries["job"]["agreement"] == pytest.approx(same)
+    assert entries["reference"]["agreement"] == 1.0
+    assert all(e["tokens_per_s"] > 0 and e["records_answered"] == 16 for e in entries.values())
+    assert "| job |" in result.output and "chosen:" in result.output
