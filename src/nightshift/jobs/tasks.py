@@ -61,7 +61,8 @@ class LabelScoring:
         if top == -math.inf:
             raise RecordError("the engine gave every label a probability of 0")
         weights = [math.exp(a - top) for a in adjusted]
-        return [w / sum(weights) for w in weights]
+        total = sum(weights)
+        return [w / total for w in weights]
 
 
 @dataclass(frozen=True)

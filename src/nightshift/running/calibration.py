@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from nightshift.engines.base import Engine, EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import RecordError
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import LabelScoring, TaskHandler, sampling_for
@@ -77,7 +78,7 @@ def measure(
         for result in results:
             if result.error or result.aborted or result.scores is None:
                 continue  # a record the run will fail on its own; the sample goes on
-            with contextlib.suppress(Exception):  # every score -inf: says nothing
+            with contextlib.suppress(RecordError):  # every score -inf: says nothing
                 chances.append(scoring.probabilities(result.scores))
     return calibration_of(scoring, chances)
 
