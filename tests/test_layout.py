@@ -24,6 +24,7 @@ LAYERS = [
     {"evaluation"},  # scores committed results; reports set its figures beside cost
     {"reports"},
     {"pipelines"},
+    {"tuning"},  # runs a job's own steps (pipelines.direct) once per candidate setting
     {"batch"},
     {"demo"},
     {"cli"},
