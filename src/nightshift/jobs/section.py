@@ -23,3 +23,9 @@ class Section(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
             raise ValueError(f"{value} is out of range (at most {MAX_INT:,})")
         return value
+
+
+def without_defaults(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less the keys that hold their default, so a new key's default leaves the
+    dump, and so the fingerprint of every spec that does not set it, as it was."""
+    return {k: v for k, v in data.items() if k not in defaults or v != defaults[k]}
