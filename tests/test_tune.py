@@ -77,18 +77,19 @@ def test_choose_takes_the_fastest_that_agrees_and_says_its_gain():
     assert choose(entries[4:], 0.5) is None
 
 
-def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tmp_path, write_spec):
+def generate_job(models, tmp_path, records: int, max_tokens: int) -> dict:
+    """A generate job's spec over ``records`` short tickets (the tiny chat model)."""
     rows = [
-        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 4}", "body": f"body {i}"} for i in range(200)
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 4}", "body": f"my order {i} is late"}
+        for i in range(records)
     ]
     inputs = write_records(tmp_path / "in" / "t.parquet", rows)
-    data = spec_dict(
-        models["chat"],
-        inputs,
-        tmp_path / "out",
-        task={"kind": "generate"},
-        sampling={"max_tokens": 6},
-    )
+    task, sampling = {"kind": "generate"}, {"max_tokens": max_tokens}
+    return spec_dict(models["chat"], inputs, tmp_path / "out", task=task, sampling=sampling)
+
+
+def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tmp_path, write_spec):
+    data = generate_job(models, tmp_path, records=200, max_tokens=6)
     spec = write_spec(data)
     tuned = tmp_path / "tuned.yaml"
     result = runner.invoke(

@@ -11,24 +11,13 @@ from typer.testing import CliRunner
 
 from nightshift.cli import app
 
-from .conftest import spec_dict, write_records
+from .test_tune import generate_job
 
 pytestmark = pytest.mark.engine
 
 
 def test_jobs_tune_on_vllm_compares_the_job_with_the_reference(models, tmp_path, write_spec):
-    rows = [
-        {"ticket_id": f"t{i:02d}", "subject": f"s{i % 3}", "body": f"my order {i} is late"}
-        for i in range(40)
-    ]
-    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
-    data = spec_dict(
-        models["chat"],
-        inputs,
-        tmp_path / "out",
-        task={"kind": "generate"},
-        sampling={"max_tokens": 8},
-    )
+    data = generate_job(models, tmp_path, records=40, max_tokens=8)
     data["engine"] = {**data["engine"], "kv_cache_dtype": "fp8", "max_num_seqs": 16}
     result = CliRunner().invoke(
         app, ["jobs", "tune", str(write_spec(data)), "--sample", "16", "--no-defaults"]

@@ -103,7 +103,12 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         raise SpecError(
             "--set", f"{shown} is not key.path=value", "for example sampling.max_tokens=16"
         )
-    parts = key.strip().split(".")
+    set_key(data, key.strip(), override_value(raw))
+
+
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` (``engine.max_num_seqs``) of the spec mapping ``data``."""
+    parts = key.split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -111,10 +116,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             where = ".".join(parts[: i + 1])
             raise SpecError(key, f"cannot set inside {where}, which is not a mapping")
         node = child
-    node[parts[-1]] = _override_value(raw)
+    node[parts[-1]] = value
 
 
-def _override_value(raw: str) -> Any:
+def override_value(raw: str) -> Any:
     """YAML-typed (``8`` is a number, ``[a, b]`` a list), but text stays exactly as typed:
     ``Use label #2`` is not cut at a YAML comment."""
     try:

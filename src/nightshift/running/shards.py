@@ -36,7 +36,7 @@ from nightshift.io.planstore import PlanStore, input_schema
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.kept import kept_columns
 from nightshift.jobs.spec import JobSpec
-from nightshift.jobs.tasks import handler_for, label_encoder, sampling_for
+from nightshift.jobs.tasks import sampling_for
 from nightshift.running.cached import RunCache
 from nightshift.running.calibration import LabelCalibration
 from nightshift.running.copies import CopyBook, copy_rows, not_sent
@@ -84,9 +84,7 @@ class ShardRunner:
         self.lease_lost: dict[int, threading.Event] = {}
         self.lost: set[int] = set()  # shards given up here because their lease was lost
         # classify scores its labels, by the calibration once measured (running.calibration)
-        scored = manifest.get("labels_by") == "score"  # as the first plan fixed it
-        handler = handler_for(spec.task, label_encoder(spec, encoder) if scored else None)
-        self.calibration = LabelCalibration(spec, plans, manifest, encoder, handler)
+        self.calibration = LabelCalibration.for_run(spec, plans, manifest, encoder)
         self.task = self.calibration.handler
         # input.keep_columns and the eval column, as far as the plan holds them (jobs.kept)
         self.kept = kept_columns(spec, input_schema(manifest).names)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightshift.errors import SpecError
-from nightshift.jobs.loading import _override_value
+from nightshift.jobs.loading import override_value, set_key
 from nightshift.jobs.spec import JobSpec
 
 REFERENCE = "reference"
@@ -37,13 +37,7 @@ class Candidate:
 
         data = copy.deepcopy(data)
         for key, value in self.sets.items():
-            *parents, last = key.split(".")
-            node = data
-            for part in parents:
-                node = node.setdefault(part, {})
-                if not isinstance(node, dict):
-                    raise SpecError(key, f"cannot set inside {part}, which is not a mapping")
-            node[last] = value
+            set_key(data, key, value)
         return data
 
 
@@ -90,7 +84,7 @@ def parse_tries(tries: list[str]) -> list[Candidate]:
                 "--try", f"{item!r} is not key=v1,v2", "e.g. engine.max_num_seqs=64,128"
             )
         for value in split_values(raw):
-            found.append(Candidate(f"{key.split('.')[-1]}={value}", {key: _override_value(value)}))
+            found.append(Candidate(f"{key.split('.')[-1]}={value}", {key: override_value(value)}))
     return found
 
 
