@@ -50,6 +50,11 @@ class OutputExistsError(UserError):
     """The output location already holds a finished run."""
 
 
+class CanaryFailedError(UserError):
+    """The canary's sample agreed with the reference less than ``run.canary.min_agreement``:
+    the full run did not start (exit code 2). The sample's answers are kept."""
+
+
 class RecordError(NightshiftError):
     """One record cannot be processed; it is set aside with this reason.
 

@@ -335,6 +335,8 @@ def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str])
         "model": {"path": str(model), "max_model_len": model_context(model)},
         "sampling": {"temperature": 1.0, "top_p": 1.0},
         "output": {"path": work.uri(JOB_DIR)},
+        # a provider's batch runs as sent; --set run.canary=true checks FP8 KV first
+        "run": {"canary": False},
     }
     for item in overrides:
         apply_override(spec, item)

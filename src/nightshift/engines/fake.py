@@ -77,6 +77,12 @@ def _logprob(token: str, seed: int, top: int) -> TokenLogprob:
     return replace(mine, top_logprobs=(mine, *others)[:top])
 
 
+def fp8_changes() -> float:
+    """The share of answers a fake engine's FP8 KV cache changes (NIGHTSHIFT_FAKE_FP8_CHANGES;
+    none by default: the fake's answers follow the prompt and sampling only)."""
+    return float(os.environ.get("NIGHTSHIFT_FAKE_FP8_CHANGES", 0))
+
+
 def _slow_start(hold: str) -> None:
     """A start-up that lasts while the file ``hold`` exists, run by a child process as
     vLLM's engine core runs its start-up: the tests of stops and cancels kill it."""
@@ -109,9 +115,10 @@ class FakeEngine:
     """
 
     @classmethod
-    def from_environment(cls, block_size: int = 16) -> FakeEngine:
+    def from_environment(cls, block_size: int = 16, kv_cache_dtype: str = "fp8") -> FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
-        (the kill tests run jobs in subprocesses and can reach it no other way)."""
+        (the kill tests run jobs in subprocesses and can reach it no other way).
+        NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes."""
         env = os.environ
         if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
             _slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
@@ -120,6 +127,8 @@ class FakeEngine:
             seconds_per_record=float(env.get("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", 0)),
             log=env.get("NIGHTSHIFT_FAKE_LOG"),
             abort_every=int(env.get("NIGHTSHIFT_FAKE_ABORT_EVERY", 0)) or None,
+            kv_cache_dtype=kv_cache_dtype,
+            fp8_changes=fp8_changes(),
         )
 
     def __init__(
@@ -135,10 +144,12 @@ class FakeEngine:
         flaky_every: int | None = None,
         hang_after: int | None = None,
         stall_s: float | None = None,
+        kv_cache_dtype: str = "fp8",
+        fp8_changes: float = 0.0,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
-            kv_cache_dtype="fp8",
+            kv_cache_dtype=kv_cache_dtype,
             kv_cache_tokens=10**9,
             block_size=block_size,
             prefix_caching=True,
@@ -159,6 +170,8 @@ class FakeEngine:
         self.stalls = 0  # hangs its stall watch ended
         self._interrupted = False
         self._rng = random.Random()  # samples without a seed: fresh ones every time
+        # an FP8 KV cache's rounding: this share of prompts (fixed ones) answer otherwise
+        self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -243,22 +256,24 @@ class FakeEngine:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
         sampling = request.sampling or sampling
         cached = self._cache(ids)
+        if self._noise and _digest([*ids, -2]) % 10_000 < self._noise * 10_000:
+            ids = [*ids, -3]  # the answer of another prompt; the counts stay this one's
         choices = tuple(self._choice(ids, sampling, i) for i in range(sampling.n))
         out = sum(c.output_tokens for c in choices)
         s = self._stats
-        s.prompt_tokens += len(ids)
+        s.prompt_tokens += len(request.token_ids)
         s.prompt_tokens_cached += cached
         s.output_tokens += out
-        s.prefix_cache_queries += len(ids)
+        s.prefix_cache_queries += len(request.token_ids)
         s.prefix_cache_hits += cached
-        s.prefill_seconds += len(ids) * 1e-6
+        s.prefill_seconds += len(request.token_ids) * 1e-6
         s.decode_seconds += out * 1e-5
         first = choices[0]
         return EngineResult(
             request.key,
             first.text,
             first.finish_reason,
-            len(ids),
+            len(request.token_ids),
             out,
             cached,
             choices=choices,

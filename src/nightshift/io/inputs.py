@@ -153,3 +153,16 @@ def file_batches(
         dataset.files[index], schema=dataset.schema, format="parquet", filesystem=dataset.filesystem
     )
     yield from read_batches(one, columns, batch_rows)
+
+
+def write_records(
+    path: str, id_column: str, ids: list, dest: Path, exclude: str | None = None
+) -> Path:
+    """The input rows whose ``id_column`` is in ``ids``, as one Parquet file at ``dest``
+    (a sample the job's own steps can run: ``jobs tune``, the canary)."""
+    import pyarrow.compute as pc
+
+    table = open_input(path, exclude).to_table(filter=pc.field(id_column).isin(ids))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, dest)
+    return dest

@@ -14,6 +14,7 @@ Layout (every Parquet file readable by polars, pyarrow and DuckDB)::
                                   every run into this output
     OUTPUT/report.md, report.png  the same report for people, with its chart
     OUTPUT/eval.json              ``jobs eval``'s figures against held-out labels
+    OUTPUT/canary/                the canary's sample runs (``pipelines.canary``)
 
 Only keys of the exact names nightshift writes (``RUN_KEY``, ``shardstore.DATA_FILE``,
 the rejects files the plan names, report.*) are nightshift's: anything else in the
@@ -31,7 +32,7 @@ from typing import Any
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError
 from nightshift.io.leases import LEASES
 from nightshift.io.objectstore import ObjectStore, open_store
-from nightshift.io.planstore import MANIFEST, PLAN_DIR, REJECTS, PlanStore
+from nightshift.io.planstore import CANARY_DIR, MANIFEST, PLAN_DIR, REJECTS, PlanStore
 from nightshift.io.shardstore import COMMITTED, DATA_FILE, MARKER_FILE, WORK, ShardStore
 
 REPORT_FILE = "report.json"
@@ -42,7 +43,9 @@ SHARD = r"shard-\d{5}"
 # The keys nightshift writes in folders of its own: their presence shows a run was here.
 # (A user's report.md or rejects.parquet shows nothing; report.json is checked inside.)
 RUN_KEY = re.compile(
-    rf"""^({PLAN_DIR}/(plan\.json|records(-\d{{4}})?\.parquet|shards/{SHARD}\.parquet)
+    rf"""^({PLAN_DIR}/(plan|calibration|canary)\.json
+    |{PLAN_DIR}/(records(-\d{{4}})?\.parquet|shards/{SHARD}\.parquet)
+    |{CANARY_DIR}/(reference|job|cache)/.+
     |{COMMITTED}/{SHARD}\.json
     |{WORK}/({SHARD}/.+|workers/[^/]+\.json)
     |{LEASES}/{SHARD}/\d{{5}}\.json)$""",

@@ -14,6 +14,10 @@ Layout (the output may be a local directory or an S3 prefix)::
     OUTPUT/plan/calibration.json         classify: the model's leaning toward each
                                          label, measured once before the first answer
                                          (``running.calibration``); first writer wins
+    OUTPUT/plan/canary.json              the canary's agreement with the reference
+                                         (``pipelines.canary``); first writer wins
+    OUTPUT/canary/                       the canary's sample runs (reference/, job/) and
+                                         the job's answers to its sample (cache/)
 
 A later run that finds new records in the input adds an increment (``scheduling.increments``):
 its shards are numbered after the earlier ones, its keys go to
@@ -75,6 +79,8 @@ PLAN_DIR = "plan"
 POSITION = "__nightshift_position__"
 MANIFEST = f"{PLAN_DIR}/plan.json"
 CALIBRATION = f"{PLAN_DIR}/calibration.json"
+CANARY = f"{PLAN_DIR}/canary.json"
+CANARY_DIR = "canary"  # the canary's two sample runs and the answers the job keeps
 REJECTS = "rejects.parquet"
 
 
@@ -121,18 +127,32 @@ class PlanStore:
 
     def calibration(self) -> dict[str, Any] | None:
         """The job's label calibration, or None when none was measured yet."""
-        try:
-            return json.loads(self.store.get_bytes(CALIBRATION))
-        except ObjectNotFound:
-            return None
+        return self._kept(CALIBRATION)
 
     def keep_calibration(self, calibration: dict[str, Any]) -> dict[str, Any]:
         """Store ``calibration`` unless a worker stored one first; the one kept is
         returned, so every worker of a job labels by the same measure."""
-        data = json.dumps(calibration, indent=2).encode()
-        if self.store.put_if_absent(CALIBRATION, data):
-            return calibration
-        return self.calibration() or calibration
+        return self._keep(CALIBRATION, calibration)
+
+    def canary(self) -> dict[str, Any] | None:
+        """The job's canary (``pipelines.canary``), or None when none ran yet."""
+        return self._kept(CANARY)
+
+    def keep_canary(self, canary: dict[str, Any]) -> dict[str, Any]:
+        """Store ``canary`` unless a run stored one first; the one kept is returned."""
+        return self._keep(CANARY, canary)
+
+    def _kept(self, key: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.store.get_bytes(key))
+        except ObjectNotFound:
+            return None
+
+    def _keep(self, key: str, data: dict[str, Any]) -> dict[str, Any]:
+        """First writer wins: what is stored at ``key`` afterwards."""
+        if self.store.put_if_absent(key, json.dumps(data, indent=2).encode()):
+            return data
+        return self._kept(key) or data
 
     def shard_batches(self, shard: int, rows: int) -> Iterator[pa.RecordBatch]:
         with tempfile.TemporaryDirectory(prefix="nightshift-shard-") as tmp:

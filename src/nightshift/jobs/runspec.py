@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from nightshift.jobs.section import Section as _Section
 
@@ -25,6 +25,42 @@ class PlanSpec(_Section):
         gt=0,
         description="Most prompt tokens in one shard, so shards of long prompts stay short.",
     )
+
+
+class CanarySpec(_Section):
+    """``run.canary``: a quality check on a sample before the full run relies on a
+    setting that may change answers (``pipelines.canary``). ``run.canary: false`` turns
+    it off, ``true`` turns it on for every job."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="true: always run the canary; false: never; unset: when the job uses "
+        "a setting that may change answers (an FP8 KV cache, speculative decoding).",
+    )
+    records: int = Field(
+        default=64,
+        gt=0,
+        description="Records in the canary's sample, spread over the plan (at most a "
+        "tenth of the job). They run under the job's settings and under the reference "
+        "(KV cache in the model's dtype, no speculation); the job keeps the former answers.",
+    )
+    min_agreement: float = Field(
+        default=0.95,
+        ge=0,
+        le=1,
+        description="The job stops before its full run (exit 2) when fewer of the sample's "
+        "answers than this share equal the reference's, naming the setting and the figure.",
+    )
+    accept: bool = Field(
+        default=False,
+        description="Run the job even below min_agreement (the figure is still reported), "
+        "e.g. `--set run.canary.accept=true` after reading a canary's stop.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, value: object) -> object:
+        return {"enabled": value} if isinstance(value, bool) else value
 
 
 class RunSpec(_Section):
@@ -89,6 +125,11 @@ class RunSpec(_Section):
         description="After SIGTERM, Ctrl-C or a Prefect cancellation the run stops "
         "gracefully (checkpoints what it holds, writes the report, exits with code 3); "
         "past this many seconds it exits at once. Keep it under your platform's notice.",
+    )
+    canary: CanarySpec = Field(
+        default_factory=CanarySpec,
+        description="A quality check before the full run: the job's settings against the "
+        "reference on a sample (see the canary keys); `false` turns it off.",
     )
 
 

@@ -8,7 +8,9 @@ import time
 
 from nightshift.engines.base import Engine
 from nightshift.jobs.spec import JobSpec
+from nightshift.pipelines.canary import check_canary
 from nightshift.reports.assemble import RunOutcome, finish_run
+from nightshift.running.canary import canary_pending
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.runner import raise_if_failed, start_run, work_may_be_left
 
@@ -27,12 +29,14 @@ def run_job(
     began, engines = time.perf_counter(), EnginePool(spec, engine)
     try:
         if engine is None:
-            if spec.run.overlap_startup and work_may_be_left(spec, overwrite, new_run):
+            early = spec.run.overlap_startup and work_may_be_left(spec, overwrite, new_run)
+            if early and not canary_pending(spec, overwrite, new_run):
                 engines.start_early()  # start-up (and importing vLLM) overlaps planning
             check_engine_spec(spec)
         job = start_run(
             spec, overwrite=overwrite, new_run=new_run, progress=progress, started=began
         )
+        check_canary(job, engines, run_job)
         job.runner.run(job.todo, engines)
     finally:
         engines.close()

@@ -37,6 +37,8 @@ from nightshift.errors import RunStoppedError, ShardAttemptFailed, ShardsFailedE
 from nightshift.jobs.loading import load_spec
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
+from nightshift.pipelines.canary import check_canary
+from nightshift.pipelines.direct import run_job
 from nightshift.pipelines.headstart import clock_start
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
 from nightshift.pipelines.stops import (
@@ -46,6 +48,7 @@ from nightshift.pipelines.stops import (
     prefect_api_gone,
 )
 from nightshift.reports.assemble import finish_run
+from nightshift.running.canary import canary_pending
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, raise_if_failed, start_run, work_may_be_left
@@ -153,6 +156,7 @@ def job_flow(
             with ExitStack() as gpu:
                 early = workers == 1 and spec.run.overlap_startup
                 early = early and work_may_be_left(spec, overwrite, new_run)
+                early = early and not canary_pending(spec, overwrite, new_run)
                 if early and try_gpu_slot(gpu, spec):
                     engines.start_early()  # its start-up runs while the plan is built
                 else:
@@ -161,10 +165,14 @@ def job_flow(
                 job = plan_task(spec, overwrite, new_run, progress and workers == 1, began)
                 if job.todo and workers > 1 and not stop.requested.is_set():
                     stop.on_stop(lambda: _stop_workers(stop))
+                    with gpu_slot(spec):
+                        check_canary(job, engines, run_job)  # its engines, then the workers'
+                        engines.close()
                     _run_workers(spec, job, engines, spec_path, overrides or [], workers)
                 elif job.todo and not stop.requested.is_set():
                     if not early:
                         gpu.enter_context(gpu_slot(spec))
+                    check_canary(job, engines, run_job)
                     _run_shards(spec, job, engines, stop)
                 engines.close()  # free the GPU before its slot
         finally:

@@ -36,6 +36,7 @@ from nightshift.engines import processes
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.slots import host_takes_slots
 from nightshift.running import engines
+from nightshift.running.canary import canary_pending
 from nightshift.running.runner import work_may_be_left
 
 _clock: float | None = None  # the perf_counter reading the run being set up began at
@@ -55,6 +56,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         server = _boot_temporary_server()
         early = workers == 1 and spec.run.overlap_startup
         early = early and work_may_be_left(spec, overwrite, new_run) and _prepared(spec)
+        early = early and not canary_pending(spec, overwrite, new_run)  # engines in turn
         import_module("nightshift.pipelines.flow")  # before the engine's thread: one importer
         if early and not host_takes_slots():
             engines.start_head(spec)

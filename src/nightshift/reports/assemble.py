@@ -10,6 +10,7 @@ from nightshift.evaluation.quality import report_quality
 from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
+from nightshift.running.canary import canary_section
 from nightshift.running.engines import EnginePool
 from nightshift.running.runner import JobRun
 from nightshift.running.workerstats import tail_seconds
@@ -102,6 +103,9 @@ def _report(
     calibration = runner.calibration.section()
     if calibration is not None:  # classify: what the labels were corrected by
         report["calibration"] = calibration
+    canary = canary_section(spec, output.plans.canary(), runner.canary_answers)
+    if canary is not None:  # run.canary: the job's settings against the reference
+        report["canary"] = canary
     # eval: quality over every committed record, beside this run's cost
     quality = report_quality(spec, output, c["usd_total"])
     if quality is not None:

@@ -21,6 +21,7 @@ from typing import Any
 from nightshift.engines.base import EngineInfo, EngineStats
 from nightshift.jobs.spec import CostSpec
 from nightshift.reports.quality import quality_summary_lines
+from nightshift.running.canary import summary_line
 from nightshift.running.totals import RunTotals
 
 COST_FORMULA = (
@@ -160,6 +161,7 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
         f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
         *quality_summary_lines(report),  # eval: accuracy beside the cost
+        *([summary_line(report["canary"])] if report.get("canary") else []),
         f"output: {output}",
     ]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from nightshift.engines.base import Choice, EngineRequest, EngineResult, Sampling, TokenLogprob
+from nightshift.io.planstore import PlanStore
 from nightshift.io.responsecache import ResponseCache
 from nightshift.jobs.sampling import sampling_key
 from nightshift.jobs.spec import JobSpec
@@ -45,11 +46,15 @@ class RunCache:
 
     @classmethod
     def open(cls, spec: JobSpec, manifest: dict[str, Any], sampling: Sampling) -> RunCache | None:
-        if not spec.cache.path:
-            return None
+        """The run's side of ``cache.path``; None when the spec names none."""
+        return cls.at(spec.cache.path, manifest, sampling) if spec.cache.path else None
+
+    @classmethod
+    def at(cls, location: str, manifest: dict[str, Any], sampling: Sampling) -> RunCache:
+        """A response cache at ``location`` in this run's scope (the canary keeps the
+        job's answers to its sample in one, ``pipelines.canary``)."""
         scope = cache_scope(manifest.get("fingerprint_inputs", {}), sampling)
-        cache = ResponseCache.open(spec.cache.path, scope)
-        return cls(cache, spec.cache.path, sampling, manifest)
+        return cls(ResponseCache.open(location, scope), location, sampling, manifest)
 
     def _for(self, sampling: Sampling | None) -> ResponseCache | None:
         """The cache for a request's own sampling (None: the job's); None: not cached."""
@@ -97,6 +102,15 @@ class RunCache:
             "stored": c.stored,
             "damaged_ignored": c.damaged,
         }
+
+
+def canary_answers(
+    plans: PlanStore, manifest: dict[str, Any], sampling: Sampling
+) -> RunCache | None:
+    """The answers the canary's sample got under the job's settings, when a canary ran
+    (``pipelines.canary``): looked up like ``cache.path``'s, never stored into."""
+    kept = (plans.canary() or {}).get("answers")
+    return RunCache.at(plans.store.uri(kept), manifest, sampling) if kept else None
 
 
 def answer_of(result: EngineResult) -> dict[str, Any]:

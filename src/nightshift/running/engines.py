@@ -77,7 +77,7 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
 def _fake(spec: JobSpec) -> Engine:
     from nightshift.engines.fake import FakeEngine
 
-    return FakeEngine.from_environment(block_size=spec.engine.block_size or 16)
+    return FakeEngine.from_environment(spec.engine.block_size or 16, spec.engine.kv_cache_dtype)
 
 
 ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _fake}

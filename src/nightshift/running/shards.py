@@ -37,7 +37,7 @@ from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.kept import kept_columns
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import sampling_for
-from nightshift.running.cached import RunCache
+from nightshift.running.cached import RunCache, canary_answers
 from nightshift.running.calibration import LabelCalibration
 from nightshift.running.copies import CopyBook, copy_rows, not_sent
 from nightshift.running.feed import END, RequestFeed
@@ -99,6 +99,8 @@ class ShardRunner:
         self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
         self.saved: Counter = Counter()  # dedup: copies' rows written, tokens they saved
         self.cache = RunCache.open(spec, manifest, sampling_for(spec, self.task))  # cache.path
+        # the canary's answers to its sample (pipelines.canary): none is generated twice
+        self.canary_answers = canary_answers(plans, manifest, sampling_for(spec, self.task))
         self.attempt = uuid.uuid4().hex[:8]
         self._keys = itertools.count()  # request keys, unique in this run (see feed)
         self.totals = RunTotals()
@@ -238,7 +240,9 @@ class ShardRunner:
     def _answered_from_cache(
         self, feed: RequestFeed, request: EngineRequest, work: dict[int, ShardWork]
     ) -> bool:
-        hit = self.cache.lookup(request) if self.cache is not None else None
+        hit = None
+        for cache in (self.cache, self.canary_answers):
+            hit = hit or (cache.lookup(request) if cache is not None else None)
         if hit is not None:
             self._take(feed, hit, work)
         return hit is not None
@@ -268,7 +272,9 @@ class ShardRunner:
         row, ok = self.tables.row(pending.record_id, pending.kept, result)
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
-        cached = self.cache is not None and self.cache.from_cache(result.key)
+        cached = any(
+            c is not None and c.from_cache(result.key) for c in (self.cache, self.canary_answers)
+        )
         self.totals.count(not_sent(row) if cached else row, ok)
         if self.cache is not None:
             self.cache.store(pending.token_ids, result, pending.sampling)

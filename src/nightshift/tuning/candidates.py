@@ -15,12 +15,12 @@ from typing import Any
 
 from nightshift.errors import SpecError
 from nightshift.jobs.loading import override_value, set_key
+from nightshift.jobs.reference import SPECULATION, reference_sets
 from nightshift.jobs.spec import JobSpec
 
 REFERENCE = "reference"
 JOB = "job"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
-SPECULATION = "engine.extra.speculative_config"
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,7 @@ class Candidate:
 
 def reference(spec: JobSpec) -> Candidate:
     """The job at its most exact: KV cache in the model's dtype, no speculation."""
-    sets: dict[str, Any] = {"engine.kv_cache_dtype": "auto"}
-    if spec.engine.extra.get("speculative_config") is not None:
-        sets[SPECULATION] = None  # vLLM's default: none
-    return Candidate(REFERENCE, sets)
+    return Candidate(REFERENCE, reference_sets(spec))
 
 
 def default_candidates(spec: JobSpec) -> list[Candidate]:

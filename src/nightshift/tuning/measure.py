@@ -12,12 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from nightshift.jobs.loading import validate_spec
 from nightshift.tuning.candidates import Candidate
-
-ANSWER_COLUMN = {"classify": "label", "extract": "json", "generate": "text"}
 
 
 def candidate_spec(data: dict[str, Any], candidate: Candidate, sample: Path, out: Path):
@@ -82,21 +78,3 @@ def _bound(prefill: float, decode: float) -> str | None:
     if prefill + decode <= 0:
         return None
     return "prefill" if prefill >= decode else "decode"
-
-
-def answers(out: Path, id_column: str, kind: str) -> dict[Any, Any]:
-    """A run's answers by record id (ok rows; a failed record has none)."""
-    files = sorted((out / "results").glob("*.parquet"))
-    if not files:
-        return {}
-    rows = pl.read_parquet(files, columns=[id_column, ANSWER_COLUMN[kind]])
-    return dict(zip(rows[id_column].to_list(), rows[ANSWER_COLUMN[kind]].to_list(), strict=True))
-
-
-def agreement(reference: dict[Any, Any], candidate: dict[Any, Any]) -> float | None:
-    """The share of the reference's answered records the candidate answers the same
-    (a record it failed or left out counts as different)."""
-    if not reference:
-        return None
-    same = sum(candidate.get(i, object()) == answer for i, answer in reference.items())
-    return round(same / len(reference), 4)

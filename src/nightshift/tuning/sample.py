@@ -13,10 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from nightshift.io.inputs import open_input
+from nightshift.io.inputs import write_records
 from nightshift.jobs.spec import JobSpec
 from nightshift.scheduling.plan import build_plan, load_encoder
 
@@ -48,8 +46,4 @@ def sample_ids(spec: JobSpec, size: int | None) -> tuple[list, int]:
 
 def write_sample(spec: JobSpec, ids: list, path: Path) -> Path:
     """The input rows of ``ids`` as one Parquet file at ``path``."""
-    dataset = open_input(spec.input.path, exclude=spec.output.path)
-    table = dataset.to_table(filter=pc.field(spec.input.id_column).isin(ids))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
-    return path
+    return write_records(spec.input.path, spec.input.id_column, ids, path, spec.output.path)

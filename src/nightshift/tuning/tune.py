@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nightshift.evaluation.agreement import agreement, answers
 from nightshift.jobs.loading import apply_override, read_yaml, validate_spec
 from nightshift.jobs.spec import JobSpec
 from nightshift.tuning.candidates import (
@@ -23,7 +24,7 @@ from nightshift.tuning.candidates import (
     reference,
 )
 from nightshift.tuning.files import write_tune_files
-from nightshift.tuning.measure import agreement, answers, figures, run_candidate
+from nightshift.tuning.measure import figures, run_candidate
 from nightshift.tuning.sample import sample_ids, write_sample
 
 
@@ -113,7 +114,7 @@ def _measure(job: TuneJob, candidate: Candidate, sample: Path, base: dict) -> di
         return {**entry, "error": ran["error"]}
     cost = job.spec.cost
     entry.update(figures(ran["report"], cost.usd_per_gpu_hour, cost.gpus))
-    got = answers(out, job.spec.input.id_column, job.spec.task.kind)
+    got = answers(str(out))
     if candidate.name == REFERENCE:
         base["answers"] = got
         entry["is_job"] = job_is_reference(job)

@@ -1,0 +1,102 @@
+"""The canary's verdict: whether a job runs one, and whether its figure lets the job on.
+
+The canary itself (two runs of a sample, ``pipelines.canary``) is measured once per
+output and kept in ``plan/canary.json``; every later run, a resume or another worker,
+judges by that measure under its own ``run.canary`` keys, so ``--set
+run.canary.accept=true`` after a stop lets the job on without measuring again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nightshift.errors import CanaryFailedError
+from nightshift.io.outputs import JobOutput
+from nightshift.jobs.reference import answer_changing
+from nightshift.jobs.spec import JobSpec
+from nightshift.running.cached import RunCache
+
+NOTHING = "nothing to compare"
+
+
+def canary_wanted(spec: JobSpec) -> bool:
+    """``run.canary.enabled``, or (unset) whether the job uses a setting that may change
+    its answers."""
+    enabled = spec.run.canary.enabled
+    return bool(answer_changing(spec)) if enabled is None else enabled
+
+
+def nothing_to_compare_yet(spec: JobSpec) -> str | None:
+    """Why the canary would compare nothing, as far as the spec alone says (cheap): the
+    answers are sampled (two runs of a sample differ whatever the setting), or the fake
+    engine's FP8 KV cache changes no answer unless a test says so."""
+    from nightshift.engines.fake import fp8_changes
+
+    s = spec.sampling
+    if s.temperature > 0 and s.seed is None:
+        return "the answers are sampled (temperature above 0, no seed): no two runs agree"
+    if spec.run.engine == "fake" and not fp8_changes():
+        return "the fake engine's FP8 KV cache changes no answer (NIGHTSHIFT_FAKE_FP8_CHANGES)"
+    return None
+
+
+def canary_pending(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
+    """Whether a run of ``spec`` measures a canary before its shards (one read): its
+    engines then start one after the other, never two on one GPU at once."""
+    if not canary_wanted(spec) or nothing_to_compare_yet(spec):
+        return False
+    return overwrite or new_run or JobOutput(spec.output.path).plans.canary() is None
+
+
+def below(spec: JobSpec, kept: dict[str, Any]) -> bool:
+    """Whether the kept measure is below the job's current ``run.canary.min_agreement``."""
+    agreement = kept.get("agreement")
+    return agreement is not None and agreement < spec.run.canary.min_agreement
+
+
+def passed(spec: JobSpec, kept: dict[str, Any]) -> bool:
+    """Whether the kept measure lets the job on under its current keys."""
+    return spec.run.canary.accept or not below(spec, kept)
+
+
+def enforce(spec: JobSpec, kept: dict[str, Any]) -> None:
+    """Stop the job before its full run when the canary's figure is too low."""
+    if passed(spec, kept):
+        return
+    settings = ", ".join(f"{k}={v}" for k, v in kept["settings"].items())
+    raise CanaryFailedError(
+        f"canary: with {settings} the job's answers agreed with the reference's "
+        f"({', '.join(f'{k}={v}' for k, v in kept['reference'].items())}) on "
+        f"{kept['agreement']:.1%} of {kept['records']} sampled records, below "
+        f"run.canary.min_agreement {spec.run.canary.min_agreement:.0%}; the full run did not "
+        "start. Set engine.kv_cache_dtype: auto (or drop the setting), lower "
+        "run.canary.min_agreement, or rerun with --set run.canary.accept=true to accept it "
+        f"(the sample's answers are kept: {kept.get('runs', {}).get('job', '')})"
+    )
+
+
+def canary_section(
+    spec: JobSpec, kept: dict[str, Any] | None, answers: RunCache | None
+) -> dict[str, Any] | None:
+    """report.json's ``canary``: the measure, the verdict, the sample's answers reused."""
+    if kept is None:
+        return None
+    section = {**kept, "min_agreement": spec.run.canary.min_agreement}
+    section["passed"] = passed(spec, kept)
+    section["accepted"] = below(spec, kept) and spec.run.canary.accept
+    if answers is not None:
+        section["answers_reused"] = answers.cache.counts.hits
+    return section
+
+
+def summary_line(canary: dict[str, Any]) -> str:
+    """The canary in the run's summary, one line."""
+    if canary.get("status") == NOTHING:
+        return f"canary: {NOTHING} ({canary.get('reason')})"
+    figure = f"{canary['agreement']:.1%} of {canary['records']} records agree with the reference"
+    verdict = "below min_agreement, accepted" if canary.get("accepted") else "passed"
+    accuracy = canary.get("accuracy") or {}
+    extra = ""
+    if accuracy.get("job") is not None and accuracy.get("reference") is not None:
+        extra = f"; accuracy {accuracy['job']:.3f} vs {accuracy['reference']:.3f}"
+    return f"canary: {figure} ({verdict}, min {canary['min_agreement']:.0%}){extra}"
