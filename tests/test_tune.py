@@ -104,7 +104,9 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
             "24",
             "--no-defaults",
             "--try",
-            "engine.max_num_seqs=16",
+            "engine.max_num_seqs=4",
+            "--gpu",
+            "h100",
             "--try",
             "sampling.max_tokens=2",
             "--write",
@@ -115,7 +117,7 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
     folder = tmp_path / "out.tune"
     summary = json.loads((folder / "tune.json").read_text())
     names = [c["name"] for c in summary["candidates"]]
-    assert names == ["reference", "job", "max_num_seqs=16", "max_tokens=2"]
+    assert names == ["reference", "job", "max_num_seqs=4", "max_tokens=2"]
     assert summary["sample"]["records"] == 24
     by_name = {c["name"]: c for c in summary["candidates"]}
     # agreement, counted here from the two outputs: the fake's answers follow the prompt
@@ -126,13 +128,22 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
         expected = sum(got.get(i) == t for i, t in ref.items()) / len(ref)
         assert by_name[name]["agreement"] == pytest.approx(expected)
     assert (
-        by_name["max_num_seqs=16"]["agreement"] == 1.0
+        by_name["max_num_seqs=4"]["agreement"] == 1.0
         and by_name["max_tokens=2"]["agreement"] == 0.0
     )
     assert all(
         c["tokens_per_s"] > 0 and c["usd_per_million_tokens"] > 0 for c in summary["candidates"]
     )
-    assert summary["chosen"]["name"] in {"reference", "job", "max_num_seqs=16"}
+    assert summary["chosen"]["name"] in {"reference", "job", "max_num_seqs=4"}
+    # the binding limit as the engine measured it: the fake's batch is 8, or max_num_seqs
+    capped, free = by_name["max_num_seqs=4"]["limit"], by_name["reference"]["limit"]
+    assert capped["measured"]["batch_reached"] == 4 and free["measured"]["batch_reached"] == 8
+    assert by_name["max_num_seqs=4"]["bound_by"] == "engine.max_num_seqs"
+    assert by_name["reference"]["bound_by"] in {"prefill", "decode"}
+    # beside it, the capacity planner's prediction for the GPU named, at the same settings
+    assert capped["predicted"]["gpu"] == "h100" and capped["predicted"]["batch"] <= 4
+    assert free["predicted"]["batch"] > capped["predicted"]["batch"]
+    assert "| engine.max_num_seqs | 4 |" in (folder / "tune.md").read_text()
     assert (folder / "tune.png").read_bytes()[:4] == b"\x89PNG"
     assert "| max_tokens=2 |" in (folder / "tune.md").read_text()
     written = tuned.read_text()
@@ -143,3 +154,26 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
 def _texts(out: str) -> dict:
     rows = pl.read_parquet(f"{out}/results/*.parquet")
     return dict(zip(rows["ticket_id"].to_list(), rows["text"].to_list(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("counters", "bound"),
+    [
+        ({"preemptions": 3, "peak_kv_cache_usage": 0.7, "peak_running": 40}, "memory (KV cache)"),
+        ({"peak_kv_cache_usage": 0.97, "peak_running": 40}, "memory (KV cache)"),
+        ({"peak_kv_cache_usage": 0.3, "peak_running": 64}, "engine.max_num_seqs"),
+        (
+            {"peak_running": 20, "peak_waiting": 5, "engine_steps": 10, "prompt_tokens": 980},
+            "engine.max_num_batched_tokens",
+        ),
+        ({"peak_running": 20, "prefill_seconds": 1.0, "decode_seconds": 3.0}, "decode"),
+        ({"peak_running": 20, "prefill_seconds": 3.0, "decode_seconds": 1.0}, "prefill"),
+    ],
+)
+def test_the_measured_binding_limit_follows_the_engine_counters(models, tmp_path, counters, bound):
+    from nightshift.tuning.binding import measured_limit
+
+    data = generate_job(models, tmp_path, records=4, max_tokens=2)
+    data["engine"] = {**data["engine"], "max_num_seqs": 64, "max_num_batched_tokens": 100}
+    report = {"engine": {"counters": counters}}
+    assert measured_limit(report, validate_spec(data))["bound_by"] == bound

@@ -20,7 +20,8 @@ def test_jobs_tune_on_vllm_compares_the_job_with_the_reference(models, tmp_path,
     data = generate_job(models, tmp_path, records=40, max_tokens=8)
     data["engine"] = {**data["engine"], "kv_cache_dtype": "fp8", "max_num_seqs": 16}
     result = CliRunner().invoke(
-        app, ["jobs", "tune", str(write_spec(data)), "--sample", "16", "--no-defaults"]
+        app,
+        ["jobs", "tune", str(write_spec(data)), "--sample", "16", "--no-defaults", "--gpu", "h100"],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "out.tune" / "tune.json").read_text())
@@ -40,3 +41,10 @@ def test_jobs_tune_on_vllm_compares_the_job_with_the_reference(models, tmp_path,
     assert entries["reference"]["agreement"] == 1.0
     assert all(e["tokens_per_s"] > 0 and e["records_answered"] == 16 for e in entries.values())
     assert "| job |" in result.output and "chosen:" in result.output
+    # what bound each run, from vLLM's own counters, beside the planner's H100 prediction
+    for e in entries.values():
+        measured, predicted = e["limit"]["measured"], e["limit"]["predicted"]
+        assert 0 < measured["batch_reached"] <= 16 and 0 < measured["kv_cache_peak"] <= 1
+        assert measured["tokens_per_step"] > 0 and measured["preemptions"] == 0
+        assert e["bound_by"] == measured["bound_by"] is not None
+        assert predicted["gpu"] == "h100" and 0 < predicted["batch"] <= 16

@@ -41,6 +41,11 @@ def tune(
     folder: Path = typer.Option(
         None, "--dir", help="Where tune.json/.md/.png go (default OUTPUT.tune)."
     ),
+    gpu: str = typer.Option(
+        None,
+        "--gpu",
+        help="Predict each candidate's binding limit for this GPU (default: this machine's).",
+    ),
 ) -> None:
     """Measure candidate settings on a sample of the job's records: tokens/s, cost and
     agreement with the reference answers (KV cache in the model's dtype, no speculation),
@@ -52,7 +57,7 @@ def tune(
     from nightshift.tuning.files import table_lines, write_tuned_spec
     from nightshift.tuning.tune import TuneJob, candidates_for, run_tune
 
-    job = TuneJob.load(spec, overrides, folder, min_agreement)
+    job = TuneJob.load(spec, overrides, folder, min_agreement, gpu)
     candidates = candidates_for(job, tries or [], defaults=not no_defaults)
     bar = tqdm(
         total=len(candidates), desc="candidates", file=screen(), disable=not sys.stderr.isatty()

@@ -104,6 +104,32 @@ class EngineStats:
     prefix_cache_hits: int = 0
     prefill_seconds: float = 0.0  # summed over requests: time from scheduled to first token
     decode_seconds: float = 0.0  # summed over requests: first token to last
+    preemptions: int = 0  # requests evicted from a full KV cache, to be computed again
+    engine_steps: int = 0  # scheduler iterations (one batch each)
+    draft_tokens: int = 0  # speculative decoding: tokens proposed
+    draft_tokens_accepted: int = 0  # ... and accepted (each saves a decode step)
+    # Peaks seen while running (sampled, so a lower bound): what bound the batch.
+    peak_kv_cache_usage: float = 0.0  # share of the KV cache's blocks in use
+    peak_running: int = 0  # requests in one batch: the batch size reached
+    peak_waiting: int = 0  # requests queued for room in the batch
+
+    def plus(self, other: EngineStats) -> EngineStats:
+        """Two engines' (or workers') counters together: counts add, peaks take the larger."""
+        return EngineStats(**{k: _combine(k, v, getattr(other, k)) for k, v in vars(self).items()})
+
+    def since(self, before: EngineStats) -> EngineStats:
+        """The counts added after ``before`` was read (a caller's engine used again); the
+        peaks cannot be split, so they stay the engine's own."""
+        return EngineStats(
+            **{k: v if k in PEAKS else v - getattr(before, k) for k, v in vars(self).items()}
+        )
+
+
+PEAKS = frozenset({"peak_kv_cache_usage", "peak_running", "peak_waiting"})
+
+
+def _combine(name: str, a: float, b: float) -> float:
+    return max(a, b) if name in PEAKS else a + b
 
 
 @dataclass(frozen=True)

@@ -115,15 +115,19 @@ class FakeEngine:
     """
 
     @classmethod
-    def from_environment(cls, block_size: int = 16, kv_cache_dtype: str = "fp8") -> FakeEngine:
+    def from_environment(
+        cls, block_size: int = 16, kv_cache_dtype: str = "fp8", max_num_seqs: int = 8
+    ) -> FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
         (the kill tests run jobs in subprocesses and can reach it no other way).
-        NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes."""
+        NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes. Its
+        batch (window) is at most 8 and at most ``max_num_seqs``, as vLLM's is capped."""
         env = os.environ
         if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
             _slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
         return cls(
             block_size=block_size,
+            window=min(8, max_num_seqs),
             seconds_per_record=float(env.get("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", 0)),
             log=env.get("NIGHTSHIFT_FAKE_LOG"),
             abort_every=int(env.get("NIGHTSHIFT_FAKE_ABORT_EVERY", 0)) or None,
@@ -182,6 +186,8 @@ class FakeEngine:
         while not exhausted and not self._interrupted:
             window, exhausted = self._take_window(pending)
             results = [self._one(request, sampling) for request in window]
+            self._stats.engine_steps += 1
+            self._stats.peak_running = max(self._stats.peak_running, len(window))
             self._write_log(window, results)
             for result in reversed(results):
                 self._maybe_die()
@@ -329,6 +335,9 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(**vars(self._stats))
+
+    def reset_peaks(self) -> None:
+        self._stats.peak_running = 0
 
     def close(self) -> None:
         self._blocks.clear()

@@ -45,11 +45,15 @@ _COUNTERS = {
     "vllm:generation_tokens": "output_tokens",
     "vllm:prefix_cache_queries": "prefix_cache_queries",
     "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:num_preemptions": "preemptions",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "draft_tokens_accepted",
 }
 _HISTOGRAM_SUMS = {
     "vllm:request_prefill_time_seconds": "prefill_seconds",
     "vllm:request_decode_time_seconds": "decode_seconds",
 }
+_HISTOGRAM_COUNTS = {"vllm:iteration_tokens_total": "engine_steps"}
 
 
 def import_vllm() -> None:
@@ -111,6 +115,7 @@ class VllmEngine:
         self._interrupted = threading.Event()
         self.stalled = False  # set once the watchdog killed this engine as hung
         self._in_flight = 0
+        self._peaks = PeakRecorder.attach(llm)
         self._watch = StallWatch(stall_s, self._generated_tokens)
         _wake_reader_when_engine_dies(llm, self._alive)
         if stall_s is not None:
@@ -235,6 +240,10 @@ class VllmEngine:
             return None
         return int(sum(found)) if found else None
 
+    def reset_peaks(self) -> None:
+        """Forget the peaks seen so far (the engine is lent to another run)."""
+        self._peaks.reset()
+
     def _add(self, engine: Any, request: EngineRequest, params: Any) -> EngineResult | None:
         """Queue one request; vLLM's own input checks failing is that record's error."""
         from vllm.exceptions import VLLMClientError
@@ -259,6 +268,13 @@ class VllmEngine:
             elif metric.name in _HISTOGRAM_SUMS:
                 name = _HISTOGRAM_SUMS[metric.name]
                 setattr(stats, name, getattr(stats, name) + float(metric.sum))
+            elif metric.name in _HISTOGRAM_COUNTS:
+                name = _HISTOGRAM_COUNTS[metric.name]
+                setattr(stats, name, getattr(stats, name) + int(metric.count))
+        stats.peak_kv_cache_usage = round(self._peaks.kv_cache_usage, 4)
+        stats.peak_running, stats.peak_waiting = self._peaks.running, self._peaks.waiting
+        stats.engine_steps = self._peaks.steps or stats.engine_steps  # every step, not
+        # only those with an answer (vLLM's per-iteration histogram)
         return stats
 
     def close(self) -> None:
@@ -277,6 +293,51 @@ class VllmEngine:
         kill_process_tree(_engine_pids(llm) if llm is not None else [])
         if shutdown:
             shutdown()
+
+
+class PeakRecorder:
+    """The largest batch, queue and KV-cache usage the scheduler reported, step by step.
+
+    vLLM's gauges hold only the latest step's value, so this joins the engine's stat
+    loggers (``StatLoggerManager.stat_loggers``; ``LLM`` takes no custom loggers) and
+    keeps the maxima; reading the metrics every step instead would walk Prometheus's
+    registry once a step. Where vLLM has no such list, the peaks stay 0 (unknown).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    @classmethod
+    def attach(cls, llm: Any) -> PeakRecorder:
+        recorder = cls()
+        manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+        loggers = getattr(manager, "stat_loggers", None)
+        if isinstance(loggers, list):
+            loggers.append(recorder)
+        return recorder
+
+    def reset(self) -> None:
+        self.running, self.waiting, self.kv_cache_usage, self.steps = 0, 0, 0.0, 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, **_: Any) -> None:
+        if scheduler_stats is None:
+            return
+        # counted after the step: its finished requests were in its batch too (a
+        # one-token classify finishes every request in the step that prefilled it)
+        finished = len(getattr(iteration_stats, "finished_requests", None) or ())
+        self.steps += 1
+        self.running = max(self.running, scheduler_stats.num_running_reqs + finished)
+        self.waiting = max(self.waiting, scheduler_stats.num_waiting_reqs)
+        self.kv_cache_usage = max(self.kv_cache_usage, scheduler_stats.kv_cache_usage)
+
+    def record_sleep_state(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
 
 
 def _engine_pids(llm: Any) -> list[int]:

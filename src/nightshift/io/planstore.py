@@ -159,6 +159,17 @@ class PlanStore:
             path = self.store.download(self.shard_key(shard), Path(tmp) / "shard.parquet")
             yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
 
+    def read_records(self, columns: list[str]) -> pa.Table:
+        """Those of ``columns`` the plan has, for every planned record (each increment's),
+        in run order."""
+        files = (self.manifest() or {}).get("records_files", [increment_files(0)["records"]])
+        with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
+            root = Path(tmp)
+            paths = [self.store.download(k, root / f"{n}.parquet") for n, k in enumerate(files)]
+            have = set(pq.read_schema(paths[0]).names)
+            tables = [pq.read_table(p, columns=[c for c in columns if c in have]) for p in paths]
+            return pa.concat_tables(tables, promote_options="permissive")
+
     def read_column(self, keys: list[str], column: str) -> pa.ChunkedArray:
         """One column of the plan's Parquet files ``keys``, concatenated."""
         with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:

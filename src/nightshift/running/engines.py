@@ -77,7 +77,8 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
 def _fake(spec: JobSpec) -> Engine:
     from nightshift.engines.fake import FakeEngine
 
-    return FakeEngine.from_environment(spec.engine.block_size or 16, spec.engine.kv_cache_dtype)
+    e = spec.engine
+    return FakeEngine.from_environment(e.block_size or 16, e.kv_cache_dtype, e.max_num_seqs)
 
 
 ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _fake}
@@ -155,13 +156,16 @@ class _Lent:
     def __init__(self, engine: Engine, owner: WarmEngines) -> None:
         self._engine, self._owner, self._broken = engine, owner, False
         self.info = engine.info
+        reset = getattr(engine, "reset_peaks", None)  # engines that keep peaks: this loan's own
+        if reset:
+            reset()
         self._base = engine.stats()
 
     def run(self, requests, sampling):
         return self._engine.run(requests, sampling)
 
     def stats(self) -> EngineStats:
-        return _delta(self._engine.stats(), self._base)
+        return self._engine.stats().since(self._base)
 
     def discard(self) -> None:
         self._broken = True
@@ -388,14 +392,6 @@ class EnginePool:
         self.info = engine.info
         # A dead engine may not answer at all; the results' own counts remain.
         with contextlib.suppress(Exception):
-            self.stats = _add(self.stats, _delta(engine.stats(), self._before))
+            self.stats = self.stats.plus(engine.stats().since(self._before))
         if engine is not self.given:
             engine.close()
-
-
-def _delta(after: EngineStats, before: EngineStats) -> EngineStats:
-    return EngineStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})
-
-
-def _add(a: EngineStats, b: EngineStats) -> EngineStats:
-    return EngineStats(**{k: v + getattr(b, k) for k, v in vars(a).items()})

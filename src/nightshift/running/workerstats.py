@@ -67,9 +67,7 @@ def absorb_worker_figures(job: JobRun, engines: EnginePool, figures: list[dict])
         runner.committed += f["committed"]
         runner.failures.update({int(s): e for s, e in f["failures"].items()})
         engine = f["engine"]
-        engines.stats = EngineStats(
-            **{k: v + engine["stats"][k] for k, v in asdict(engines.stats).items()}
-        )
+        engines.stats = engines.stats.plus(EngineStats(**engine["stats"]))
         engines.startup_s = max(engines.startup_s, engine["startup_s"])  # they start together
         engines.starts += engine["starts"]
         if engine["info"]:

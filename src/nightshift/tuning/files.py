@@ -19,6 +19,10 @@ COLUMNS = (
     ("agreement", "agreement", "{:.1%}"),
     ("accuracy", "accuracy", "{:.1%}"),
     ("bound by", "bound_by", "{}"),
+    ("batch reached", "limit.measured.batch_reached", "{:,}"),
+    ("KV peak", "limit.measured.kv_cache_peak", "{:.0%}"),
+    ("preempted", "limit.measured.preemptions", "{:,}"),
+    ("predicted bound", "limit.predicted.bound_by", "{}"),
     ("KV", "kv_cache_dtype", "{}"),
 )
 
@@ -31,9 +35,16 @@ def table_lines(summary: dict[str, Any]) -> list[str]:
         if "error" in entry:
             lines.append(f"| {entry['name']} | did not run: {entry['error']} |")
             continue
-        cells = [_cell(entry.get(key), shape) for _, key, shape in COLUMNS]
+        cells = [_cell(_at(entry, key), shape) for _, key, shape in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _at(entry: dict[str, Any], key: str) -> Any:
+    """``entry``'s value at a dotted key (``limit.measured.batch_reached``), or None."""
+    for part in key.split("."):
+        entry = entry.get(part) if isinstance(entry, dict) else None
+    return entry
 
 
 def _cell(value: Any, shape: str) -> str:
@@ -50,7 +61,10 @@ def markdown(summary: dict[str, Any]) -> str:
         "runs of consecutive records in plan order. Each candidate is one engine start; "
         "speed and cost are over generation (start-up left out). Agreement: the share of "
         "the reference's answers a candidate gives the same (reference: KV cache in the "
-        "model's dtype, no speculation).",
+        "model's dtype, no speculation). Bound by: what held the run back as the engine "
+        "measured it (KV cache full or preempting, the batch at engine.max_num_seqs, steps "
+        "at engine.max_num_batched_tokens, else the larger of prefill and decode time); "
+        f"predicted bound: {_predicted_for(summary)}.",
         "",
         *table_lines(summary),
         "",
@@ -65,6 +79,16 @@ def markdown(summary: dict[str, Any]) -> str:
     else:
         head.append(f"No candidate kept agreement at {summary['min_agreement']:.0%} or more.")
     return "\n".join(head) + "\n"
+
+
+def _predicted_for(summary: dict[str, Any]) -> str:
+    for entry in summary["candidates"]:
+        predicted = (entry.get("limit") or {}).get("predicted") or {}
+        if predicted.get("gpu"):
+            return f"the capacity planner's, for {predicted['gpu']} at the same settings"
+        if predicted.get("note"):
+            return predicted["note"]
+    return "none"
 
 
 def chart_png(summary: dict[str, Any]) -> bytes | None:

@@ -36,23 +36,20 @@ def run_candidate(data: dict[str, Any], candidate: Candidate, sample: Path, out:
     try:
         spec = candidate_spec(data, candidate, sample, out)
         with engine_output_to(out.with_suffix(".log")):
-            return {"report": run_job(spec, overwrite=True, progress=False).report}
+            return {"report": run_job(spec, overwrite=True, progress=False).report, "spec": spec}
     except (NightshiftError, RuntimeError, ValueError, TypeError) as exc:
         # an engine that refuses a setting (speculation on this hardware): said, not fatal
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
 def figures(report: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[str, Any]:
-    """Speed and cost of a run's generation (start-up left out: a full job amortizes it),
-    and what bound it, as measured by the engine's own counters."""
+    """Speed and cost of a run's generation (start-up left out: a full job amortizes it)."""
     generate = max(report["time_s"]["generate"], 1e-9)
     tokens = report["tokens"]
     answered = report["records"]["ok"] + report["records"]["failed"]
     tokens_per_s = (tokens["prompt"] + tokens["output"]) / generate
     records_per_s = answered / generate
     usd_per_s = usd_per_gpu_hour * gpus / 3600
-    counters = (report.get("engine") or {}).get("counters") or {}
-    prefill, decode = counters.get("prefill_seconds", 0.0), counters.get("decode_seconds", 0.0)
     return {
         "tokens_per_s": round(tokens_per_s, 2),
         "records_per_s": round(records_per_s, 3),
@@ -66,15 +63,6 @@ def figures(report: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[
         "engine_startup_s": round(report["time_s"].get("engine_startup", 0.0), 2),
         "records_answered": answered,
         "prefix_cache_hit_rate": report.get("prefix_cache_hit_rate"),
-        "bound_by": _bound(prefill, decode),
-        "prefill_share": round(prefill / (prefill + decode), 3) if prefill + decode else None,
         "kv_cache_dtype": (report.get("engine") or {}).get("kv_cache_dtype"),
         "accuracy": (report.get("quality") or {}).get("accuracy"),
     }
-
-
-def _bound(prefill: float, decode: float) -> str | None:
-    """Where the requests' time went: reading prompts (prefill) or writing answers."""
-    if prefill + decode <= 0:
-        return None
-    return "prefill" if prefill >= decode else "decode"

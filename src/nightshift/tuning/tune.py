@@ -15,6 +15,7 @@ from typing import Any
 from nightshift.evaluation.agreement import agreement, answers
 from nightshift.jobs.loading import apply_override, read_yaml, validate_spec
 from nightshift.jobs.spec import JobSpec
+from nightshift.tuning.binding import local_gpu, measured_limit, predicted_limit
 from nightshift.tuning.candidates import (
     JOB,
     REFERENCE,
@@ -36,14 +37,23 @@ class TuneJob:
     spec: JobSpec
     folder: Path
     min_agreement: float = 0.98
+    gpu: str | None = None  # the GPU the capacity planner predicts for (None: no prediction)
 
     @classmethod
-    def load(cls, path: Path, overrides: list[str], folder: Path | None, min_agreement: float):
+    def load(
+        cls,
+        path: Path,
+        overrides: list[str],
+        folder: Path | None,
+        min_agreement: float,
+        gpu: str | None = None,
+    ):
         data = read_yaml(path)
         for item in overrides or []:
             apply_override(data, item)
         spec = validate_spec(data)
-        return cls(data, spec, folder or default_folder(spec), min_agreement)
+        gpu = gpu or local_gpu()
+        return cls(data, spec, folder or default_folder(spec), min_agreement, gpu)
 
 
 def default_folder(spec: JobSpec) -> Path:
@@ -114,6 +124,10 @@ def _measure(job: TuneJob, candidate: Candidate, sample: Path, base: dict) -> di
         return {**entry, "error": ran["error"]}
     cost = job.spec.cost
     entry.update(figures(ran["report"], cost.usd_per_gpu_hour, cost.gpus))
+    measured = measured_limit(ran["report"], ran["spec"])
+    predicted = predicted_limit(ran["spec"], str(out), ran["report"], job.gpu)
+    entry["bound_by"] = measured["bound_by"]
+    entry["limit"] = {"measured": measured, "predicted": predicted}
     got = answers(str(out))
     if candidate.name == REFERENCE:
         base["answers"] = got
