@@ -42,6 +42,15 @@ class Sampling:
     # result's ``scores``, in this order, taken before any sampling rule or constraint
     # (classify scores each label by its first token, see jobs.tasks).
     score_tokens: tuple[int, ...] = ()
+    pooling: Pooling | None = None  # set: embed the prompt, generate nothing
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """An embedding instead of an answer (``task.kind: embed``): vLLM's pooling runner."""
+
+    normalize: bool = True
+    dimensions: int | None = None  # Matryoshka truncation; None: the model's own size
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class EngineResult:
     aborted: bool = False  # not finished: no answer, never a row; the record is asked again
     choices: tuple[Choice, ...] = ()  # every answer; () means one: text and finish_reason
     scores: tuple[float, ...] | None = None  # Sampling.score_tokens' log probabilities
+    embedding: tuple[float, ...] | None = None  # Sampling.pooling's vector
 
     def all_choices(self) -> tuple[Choice, ...]:
         """Every answer, choice 0 first (one made of ``text`` when ``choices`` is empty)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import time
@@ -27,6 +28,7 @@ from nightshift.engines.base import (
     EngineRequest,
     EngineResult,
     EngineStats,
+    Pooling,
     Sampling,
     TokenLogprob,
 )
@@ -116,7 +118,11 @@ class FakeEngine:
 
     @classmethod
     def from_environment(
-        cls, block_size: int = 16, kv_cache_dtype: str = "fp8", max_num_seqs: int = 8
+        cls,
+        block_size: int = 16,
+        kv_cache_dtype: str = "fp8",
+        max_num_seqs: int = 8,
+        embedding_size: int = 64,
     ) -> FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
         (the kill tests run jobs in subprocesses and can reach it no other way).
@@ -133,6 +139,7 @@ class FakeEngine:
             abort_every=int(env.get("NIGHTSHIFT_FAKE_ABORT_EVERY", 0)) or None,
             kv_cache_dtype=kv_cache_dtype,
             fp8_changes=fp8_changes(),
+            embedding_size=embedding_size,
         )
 
     def __init__(
@@ -150,6 +157,7 @@ class FakeEngine:
         stall_s: float | None = None,
         kv_cache_dtype: str = "fp8",
         fp8_changes: float = 0.0,
+        embedding_size: int = 64,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -176,6 +184,7 @@ class FakeEngine:
         self._rng = random.Random()  # samples without a seed: fresh ones every time
         # an FP8 KV cache's rounding: this share of prompts (fixed ones) answer otherwise
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
+        self.embedding_size = embedding_size  # a pooling request's vector length
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -262,6 +271,8 @@ class FakeEngine:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
         sampling = request.sampling or sampling
         cached = self._cache(ids)
+        if sampling.pooling is not None:
+            return self._embedding(request.key, ids, cached, sampling.pooling)
         if self._noise and _digest([*ids, -2]) % 10_000 < self._noise * 10_000:
             ids = [*ids, -3]  # the answer of another prompt; the counts stay this one's
         choices = tuple(self._choice(ids, sampling, i) for i in range(sampling.n))
@@ -285,6 +296,21 @@ class FakeEngine:
             choices=choices,
             scores=_scores(ids, sampling.score_tokens) if sampling.score_tokens else None,
         )
+
+    def _embedding(self, key: int, ids: list[int], cached: int, pooling: Pooling) -> EngineResult:
+        """A vector made from the prompt alone (the same prompt, the same vector)."""
+        rng = random.Random(_digest(ids))
+        vector = [rng.uniform(-1, 1) for _ in range(pooling.dimensions or self.embedding_size)]
+        if pooling.normalize:
+            norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+            vector = [x / norm for x in vector]
+        s = self._stats
+        s.prompt_tokens += len(ids)
+        s.prompt_tokens_cached += cached
+        s.prefix_cache_queries += len(ids)
+        s.prefix_cache_hits += cached
+        s.prefill_seconds += len(ids) * 1e-6
+        return EngineResult(key, "", "stop", len(ids), 0, cached, embedding=tuple(vector))
 
     def _choice(self, ids: list[int], sampling: Sampling, index: int) -> Choice:
         """Answer ``index`` of a prompt: cut at the first stop string it holds (as vLLM's

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, replace
 from typing import Any
 
-from nightshift.engines.base import Choice, EngineResult, Sampling, TokenLogprob
+from nightshift.engines.base import Choice, EngineResult, Pooling, Sampling, TokenLogprob
 
 
 class ParamsCache:
@@ -35,6 +35,8 @@ class ParamsCache:
 
 
 def _sampling_params(sampling: Sampling):
+    if sampling.pooling is not None:
+        return _pooling_params(sampling.pooling)
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -61,6 +63,27 @@ def _sampling_params(sampling: Sampling):
     )
 
 
+def _pooling_params(pooling: Pooling):
+    from vllm import PoolingParams
+
+    # vLLM's embed task normalizes through its activation (use_activation)
+    return PoolingParams(
+        task="embed", use_activation=pooling.normalize, dimensions=pooling.dimensions
+    )
+
+
+def _embedding(key: int, out: Any) -> EngineResult:
+    """A finished pooling request: its vector, and the prompt tokens it read."""
+    data = out.outputs.data
+    return EngineResult(
+        key=key,
+        finish_reason="stop",
+        prompt_tokens=len(out.prompt_token_ids or []),
+        cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
+        embedding=tuple(float(x) for x in data.float().tolist()),
+    )
+
+
 # vLLM's finish reasons (vllm.v1.engine.FINISH_REASON_STRINGS) that are no answer: an
 # aborted request was given up before it finished; "error" is vLLM's retryable
 # request-level internal error (a KV load failure, say). None is an unfinished output.
@@ -73,6 +96,8 @@ def _result(
 ) -> EngineResult:
     """One finished request; ``top``: the top logprobs it asked for (None: none);
     ``score_tokens``: the tokens whose first-place log probabilities it asked for."""
+    if hasattr(out.outputs, "data"):  # a PoolingRequestOutput: one vector, no choices
+        return _embedding(key, out)
     completions = sorted(out.outputs or [], key=lambda c: getattr(c, "index", 0))
     reasons = [c.finish_reason for c in completions] or [None]
     prompt_tokens = len(out.prompt_token_ids or [])

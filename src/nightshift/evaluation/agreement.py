@@ -7,6 +7,7 @@ the reference's answered records the other run answered the same.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nightshift.evaluation.read import committed_frames, output_target
@@ -22,10 +23,25 @@ def answers(location: str) -> dict[Any, Any]:
     return dict(zip(frames.ok["id"].to_list(), frames.ok["answer"].to_list(), strict=True))
 
 
+# Two embeddings of one text are the same answer at this cosine or above: no float
+# setting (an FP8 KV cache, another batch) gives bit-equal vectors, and neighbours
+# found by cosine do not move for differences this small.
+SAME_VECTOR_COSINE = 0.99
+
+
 def agreement(reference: dict[Any, Any], candidate: dict[Any, Any]) -> float | None:
     """The share of the reference's answered records the candidate answers the same
-    (a record it failed or left out counts as different); None when there are none."""
+    (a record it failed or left out counts as different; embeddings are the same at a
+    cosine of ``SAME_VECTOR_COSINE``); None when there are none."""
     if not reference:
         return None
-    same = sum(candidate.get(i, object()) == answer for i, answer in reference.items())
+    same = sum(_same(candidate.get(i), answer) for i, answer in reference.items())
     return round(same / len(reference), 4)
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, list | tuple) and isinstance(got, list | tuple):  # embeddings
+        dot = sum(a * b for a, b in zip(got, want, strict=False))
+        norms = math.sqrt(sum(a * a for a in got) * sum(b * b for b in want))
+        return len(got) == len(want) and norms > 0 and dot / norms >= SAME_VECTOR_COSINE
+    return got is not None and got == want

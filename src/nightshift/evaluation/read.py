@@ -22,7 +22,7 @@ from nightshift.io.outputs import EVAL_FILE, JobOutput
 from nightshift.io.planstore import REJECTS
 
 # Where each task kind's answer is in an ok row.
-ANSWER_COLUMN = {"classify": "label", "extract": "json", "generate": "text"}
+ANSWER_COLUMN = {"classify": "label", "extract": "json", "generate": "text", "embed": "embedding"}
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ ANSWER_FIELDS = (
     "cached_tokens",
     "choices",  # [] when the engine gave its one answer as text and finish_reason only
 )
-OPTIONAL_FIELDS = ("scores",)  # a classify job's label scores (engines.base.Sampling)
+# a classify job's label scores (engines.base.Sampling), an embed job's vector
+OPTIONAL_FIELDS = ("scores", "embedding")
 CHOICE_FIELDS = ("text", "finish_reason", "output_tokens", "stop_sequence", "logprobs")
 _HEX = "[0-9a-f]"
 ENTRY = re.compile(rf"responses/{_HEX}{{64}}/({_HEX}{{2}})/\1{_HEX}{{62}}\.json")
@@ -129,6 +130,8 @@ def _valid(data: bytes, key: str) -> dict[str, Any] | None:
         if set(answer) - set(OPTIONAL_FIELDS) != set(ANSWER_FIELDS):
             return None
         if not isinstance(answer["text"], str) or not _scores_valid(answer.get("scores", [])):
+            return None
+        if not _scores_valid(answer.get("embedding", [])):
             return None
         if not isinstance(answer["choices"], list) or not all(
             set(c) == set(CHOICE_FIELDS) and isinstance(c["text"], str) for c in answer["choices"]

@@ -87,6 +87,8 @@ def check_eval(ev: EvalSpec | None, kind: str, prompt: _Prompt, inputs: _Input) 
     if ev is None:
         return
     key, column = ev.key, ev.column  # at the spec's top level: the full dotted key
+    if kind not in EVAL_KEY:
+        raise EvalKeyError(key, f"task.kind {kind} has no answers to score; remove eval")
     wanted = EVAL_KEY[kind]
     if key != f"eval.{wanted}":
         raise EvalKeyError(key, f"does not score task.kind {kind}; use eval.{wanted} instead")

@@ -34,9 +34,10 @@ from nightshift.jobs.section import without_defaults as _without_defaults
 
 # The task section lives in taskspec; its kinds are imported from here too.
 from nightshift.jobs.taskspec import ClassifyTask as ClassifyTask
+from nightshift.jobs.taskspec import EmbedSpec, TaskSpec
+from nightshift.jobs.taskspec import EmbedTask as EmbedTask
 from nightshift.jobs.taskspec import ExtractTask as ExtractTask
 from nightshift.jobs.taskspec import GenerateTask as GenerateTask
-from nightshift.jobs.taskspec import TaskSpec
 
 
 class InputSpec(_Section):
@@ -319,7 +320,10 @@ class JobSpec(_Section):
     task: TaskSpec = Field(description="What to do with each record.")
     model: ModelSpec = Field(description="The model to run.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
-    sampling: SamplingSpec = Field(description="Generation settings.")
+    sampling: SamplingSpec = Field(description="Generation settings (none for task.kind embed).")
+    embed: EmbedSpec | None = Field(
+        default=None, description="Embedding settings (task.kind embed)."
+    )
     output: OutputSpec = Field(description="Where results go.")
     plan: PlanSpec = Field(default_factory=PlanSpec, description="How records become shards.")
     run: RunSpec = Field(default_factory=RunSpec, description="How the job is executed.")
@@ -332,6 +336,33 @@ class JobSpec(_Section):
     eval: EvalSpec | None = Field(
         default=None, description="Score the answers against true ones (the report's quality)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embed_sections(cls, data: Any) -> Any:
+        """An embed job generates nothing: no sampling section (one placeholder budget
+        inside), its prompt raw text unless chat_template is set, an embed section."""
+        if not isinstance(data, dict):
+            return data
+        embeds = isinstance(data.get("task"), dict) and data["task"].get("kind") == "embed"
+        if not embeds:
+            if data.get("embed") is not None:
+                raise ValueError("embed: applies to task.kind embed only; remove it")
+            return data
+        if "sampling" in data:
+            raise ValueError(
+                "sampling: task.kind embed generates no tokens; remove the sampling section "
+                "(embed.normalize and embed.dimensions shape the vectors)"
+            )
+        prompt = data.get("prompt")
+        if isinstance(prompt, dict) and "chat_template" not in prompt:
+            prompt = {**prompt, "chat_template": False}  # the text itself, not a chat turn
+        return {
+            **data,
+            "prompt": prompt,
+            "sampling": {"max_tokens": 1},
+            "embed": data.get("embed") or {},
+        }
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:

@@ -24,10 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from nightshift.engines.base import Constraint, Sampling
-from nightshift.errors import RecordError
+from nightshift.engines.base import Constraint, EngineResult, Pooling, Sampling
+from nightshift.errors import RecordError, SpecError
 from nightshift.jobs.columns import TASK_COLUMNS
-from nightshift.jobs.spec import ClassifyTask, ExtractTask, GenerateTask, JobSpec
+from nightshift.jobs.spec import ClassifyTask, EmbedTask, ExtractTask, GenerateTask, JobSpec
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class TaskHandler:
         self, text: str, finish_reason: str | None, scores: Sequence[float] | None = None
     ) -> dict[str, Any]:
         return {}
+
+    def parse_result(self, result: EngineResult) -> dict[str, Any]:
+        """The task's columns of one answer; ``RecordError`` when it is no valid answer."""
+        return self.parse(result.text, result.finish_reason, result.scores)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,24 @@ class ClassifyHandler(TaskHandler):
 
     def calibrated(self, log_prior: Sequence[float]) -> ClassifyHandler:
         return replace(self, scoring=replace(self.scoring, log_prior=tuple(log_prior)))
+
+
+@dataclass(frozen=True)
+class EmbedHandler(TaskHandler):
+    """An embed job's vector: ``embedding``, a fixed-size list of float32 of the model's
+    embedding size (``embed.dimensions`` where set)."""
+
+    dimension: int = 0
+
+    def parse_result(self, result: EngineResult) -> dict[str, Any]:
+        vector = result.embedding
+        if vector is None:
+            raise RecordError("the engine returned no embedding")
+        if len(vector) != self.dimension:
+            raise RecordError(
+                f"the engine returned {len(vector)} dimensions, not the model's {self.dimension}"
+            )
+        return {"embedding": vector, "text": None, "finish_reason": "stop"}
 
 
 class ExtractHandler(TaskHandler):
@@ -167,26 +189,69 @@ def _extract(task: ExtractTask) -> TaskHandler:
     return ExtractHandler(Constraint(json_schema=task.json_schema), TASK_COLUMNS["extract"])
 
 
+def _embed(task: EmbedTask, dimension: int | None) -> TaskHandler:
+    # without the dimension (planning, the cache's scope) the column's size is unknown
+    vector = pa.list_(pa.float32(), dimension) if dimension else pa.list_(pa.float32())
+    return EmbedHandler(None, {"embedding": vector}, dimension=dimension or 0)
+
+
 _HANDLERS = {"generate": _generate, "classify": _classify, "extract": _extract}
 
 
 def handler_for(
-    task: GenerateTask | ClassifyTask | ExtractTask, encode: Encode | None = None
+    task: GenerateTask | ClassifyTask | ExtractTask | EmbedTask,
+    encode: Encode | None = None,
+    dimension: int | None = None,
 ) -> TaskHandler:
     """The task's handler; ``encode`` (the model's tokenizer) lets classify score its
-    labels, which needs their token ids; without it classify generates by guided choice."""
+    labels, which needs their token ids; without it classify generates by guided choice.
+    ``dimension``: an embed job's vector size (``embedding_dimension``)."""
     if task.kind == "classify":
         return _classify(task, encode)
+    if task.kind == "embed":
+        return _embed(task, dimension)
     return _HANDLERS[task.kind](task)
 
 
+def embedding_dimension(spec: JobSpec) -> int:
+    """An embed job's vector size: ``embed.dimensions`` where the model supports it (as
+    vLLM decides: ``matryoshka_dimensions`` or ``is_matryoshka`` in its config.json),
+    else the model's hidden size (vLLM's pooling runner returns the last hidden state)."""
+    from transformers import AutoConfig
+
+    from nightshift.engines.tokenizer import model_source
+
+    config = AutoConfig.from_pretrained(model_source(spec.model.path))
+    size = int(getattr(config, "get_text_config", lambda: config)().hidden_size)
+    wanted = spec.embed.dimensions if spec.embed is not None else None
+    if not wanted:
+        return size
+    allowed = getattr(config, "matryoshka_dimensions", None)
+    if not (allowed or getattr(config, "is_matryoshka", False)):
+        raise SpecError(
+            "embed.dimensions",
+            f"{spec.model.path} is not trained for shortened (Matryoshka) embeddings",
+            f"remove embed.dimensions (its vectors have {size})",
+        )
+    if not 1 <= wanted <= size or (allowed and wanted not in allowed):
+        sizes = ", ".join(map(str, allowed)) if allowed else f"1 to {size}"
+        raise SpecError("embed.dimensions", f"{wanted} is not a size this model gives", sizes)
+    return wanted
+
+
 def answer_budget(spec: JobSpec) -> int:
-    """Tokens reserved for each answer: sampling.max_tokens, raised where the task needs it."""
+    """Tokens reserved for each answer: sampling.max_tokens, raised where the task needs
+    it; none for an embed job, which reads its prompt and writes nothing."""
+    if spec.task.kind == "embed":
+        return 0
     return max(spec.sampling.max_tokens, handler_for(spec.task).min_tokens)
 
 
 def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
     s = spec.sampling
+    if isinstance(task, EmbedHandler):
+        e = spec.embed
+        return Sampling(1, pooling=Pooling(e.normalize, e.dimensions) if e else Pooling())
     scoring = getattr(task, "scoring", None)
     if scoring is not None:  # one greedy step, for the label tokens' scores only
         return Sampling(1, 0.0, score_tokens=scoring.tokens)

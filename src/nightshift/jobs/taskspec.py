@@ -69,4 +69,27 @@ class ExtractTask(_Section):
         return schema
 
 
-TaskSpec = Annotated[GenerateTask | ClassifyTask | ExtractTask, Field(discriminator="kind")]
+class EmbedTask(_Section):
+    kind: Literal["embed"] = Field(
+        description="One embedding vector per record, from vLLM's pooling runner (prompt "
+        "tokens only: no sampling, no answer tokens); settings in the embed section."
+    )
+
+
+class EmbedSpec(_Section):
+    """``embed``: how a ``task.kind: embed`` job's vectors are made."""
+
+    normalize: bool = Field(
+        True, description="Scale every vector to length 1 (cosine similarity is then a dot)."
+    )
+    dimensions: int | None = Field(
+        None,
+        gt=0,
+        description="Keep the first this many dimensions, for models trained for it "
+        "(Matryoshka); vLLM refuses it for other models, before any record runs.",
+    )
+
+
+TaskSpec = Annotated[
+    GenerateTask | ClassifyTask | ExtractTask | EmbedTask, Field(discriminator="kind")
+]

@@ -100,6 +100,10 @@ def _report(
     report["cost_compare"] = compare_section(
         spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
     )
+    dimension = getattr(runner.task, "dimension", None)
+    if dimension:  # embed: every vector's size, and whether it is of length 1
+        normalized = spec.embed.normalize if spec.embed else True
+        report["embedding"] = {"dimension": dimension, "normalized": normalized}
     calibration = runner.calibration.section()
     if calibration is not None:  # classify: what the labels were corrected by
         report["calibration"] = calibration

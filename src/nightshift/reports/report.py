@@ -162,8 +162,16 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
         *quality_summary_lines(report),  # eval: accuracy beside the cost
         *([summary_line(report["canary"])] if report.get("canary") else []),
+        *_embedding_line(report.get("embedding")),
         f"output: {output}",
     ]
+
+
+def _embedding_line(embedding: dict[str, Any] | None) -> list[str]:
+    if not embedding:
+        return []
+    scaled = "normalized to length 1" if embedding["normalized"] else "not normalized"
+    return [f"embeddings: {embedding['dimension']} dimensions (float32), {scaled}"]
 
 
 def _prepare(times: dict[str, float]) -> str:

@@ -132,6 +132,7 @@ def answer_of(result: EngineResult) -> dict[str, Any]:
             for c in result.choices
         ],
         **({} if result.scores is None else {"scores": list(result.scores)}),
+        **({} if result.embedding is None else {"embedding": list(result.embedding)}),
     }
 
 
@@ -156,6 +157,7 @@ def result_of(key: int, answer: dict[str, Any]) -> EngineResult:
         cached_tokens=int(answer["cached_tokens"]),
         choices=choices,
         scores=tuple(map(float, answer["scores"])) if "scores" in answer else None,
+        embedding=tuple(map(float, answer["embedding"])) if "embedding" in answer else None,
     )
 
 

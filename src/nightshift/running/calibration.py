@@ -30,6 +30,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import (
     LabelScoring,
     TaskHandler,
+    embedding_dimension,
     handler_for,
     label_encoder,
     sampling_for,
@@ -138,7 +139,10 @@ class LabelCalibration:
         """The task handler a run answers with: a classify job scores its labels only
         where its first plan says so (``labels_by``), so one output never mixes ways."""
         scored = manifest.get("labels_by") == "score"
-        handler = handler_for(spec.task, label_encoder(spec, encoder) if scored else None)
+        dimension = embedding_dimension(spec) if spec.task.kind == "embed" else None
+        handler = handler_for(
+            spec.task, label_encoder(spec, encoder) if scored else None, dimension
+        )
         return cls(spec, plans, manifest, encoder, handler)
 
     @property

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 def check_engine_spec(spec: JobSpec) -> None:
     """Checks that need the engine's own package, run before planning so mistakes show early."""
+    if spec.task.kind == "embed":
+        from nightshift.jobs.tasks import embedding_dimension
+
+        embedding_dimension(spec)  # embed.dimensions the model cannot give: refused now
     if spec.run.engine == "vllm":
         from nightshift.engines.vllm_engine import check_engine_extra
 
@@ -61,6 +65,10 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     }
     if e.block_size is not None:
         args["block_size"] = e.block_size
+    if spec.task.kind == "embed":
+        # the pooling runner (a generative model is converted: last token, normalized)
+        args["runner"] = "pooling"
+        del args["structured_outputs_config"]
     args.update(e.extra)
     return args
 
@@ -76,9 +84,11 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
 
 def _fake(spec: JobSpec) -> Engine:
     from nightshift.engines.fake import FakeEngine
+    from nightshift.jobs.tasks import embedding_dimension
 
     e = spec.engine
-    return FakeEngine.from_environment(e.block_size or 16, e.kv_cache_dtype, e.max_num_seqs)
+    size = embedding_dimension(spec) if spec.task.kind == "embed" else 64
+    return FakeEngine.from_environment(e.block_size or 16, e.kv_cache_dtype, e.max_num_seqs, size)
 
 
 ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _fake}

@@ -55,7 +55,7 @@ class ResultTables:
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
-            parsed = self.task.parse(result.text, result.finish_reason, result.scores)
+            parsed = self.task.parse_result(result)
             return {**row, **parsed}, True
         except RecordError as exc:
             return {**row, "error": str(exc)}, False

@@ -99,6 +99,8 @@ class Planner:
 
 def output_estimate(spec: JobSpec, given: int | None) -> tuple[float, str]:
     """Output tokens per record the prediction assumes, and where the figure comes from."""
+    if spec.task.kind == "embed":
+        return 0, "embed: prompt tokens only (prefill; nothing is generated)"
     if given:
         return given, "--output-tokens"
     if spec.capacity.output_tokens:
