@@ -17,10 +17,10 @@ from starlette.datastructures import UploadFile
 
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
+from nightshift.batch.openai import ENDPOINTS
 from nightshift.batch.state import ServerState, count_lines
 from nightshift.batch.store import file_object, new_id, valid_id
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 _CHUNK = 1 << 20
 
 

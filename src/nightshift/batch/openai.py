@@ -21,7 +21,8 @@ from nightshift.batch.records import BadRequest, Request, validated
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS)
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 # Accepted and without effect on the answer.
 IGNORED = {
     "model",
@@ -92,6 +93,17 @@ class CompletionBody(_Body):
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
+class EmbeddingBody(BaseModel):
+    """A ``/v1/embeddings`` body: one text to embed (``input``), its encoding and size."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+
+
 class BatchLine(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -109,6 +121,7 @@ class OpenAIParser:
     def __init__(self) -> None:
         self.endpoint: str | None = None
         self.endpoint_line: int | None = None
+        self.dimensions: tuple[int | None, int] | None = None  # embeddings: (size, line)
 
     def custom_id(self, line: dict[str, Any]) -> Any:
         return line.get("custom_id")
@@ -119,7 +132,7 @@ class OpenAIParser:
             raise BadRequest(f"method {batch.method!r} is not supported; use POST", param="method")
         if batch.url not in ENDPOINTS:
             raise BadRequest(
-                f"url {batch.url!r} is not supported; use {CHAT} or {COMPLETIONS}",
+                f"url {batch.url!r} is not supported; use {', '.join(ENDPOINTS)}",
                 "unsupported_url",
                 "url",
             )
@@ -130,10 +143,48 @@ class OpenAIParser:
                 "mismatched_url",
                 "url",
             )
-        request = _chat(batch.body) if batch.url == CHAT else _completion(batch.body)
+        if batch.url == EMBEDDINGS:
+            request = self._embedding(batch.body, number)
+        else:
+            request = _chat(batch.body) if batch.url == CHAT else _completion(batch.body)
         if self.endpoint is None:
             self.endpoint, self.endpoint_line = batch.url, number
         return request
+
+    def _embedding(self, data: dict[str, Any], number: int) -> Request:
+        """One text to embed; every line of a file asks for one size (the job's)."""
+        body: EmbeddingBody = validated(EmbeddingBody, data, "")
+        for key, value in (body.model_extra or {}).items():
+            if key != "user" and value is not None:
+                raise BadRequest(
+                    f"{key} is not supported by nightshift batches", "unsupported_parameter", key
+                )
+        text = body.input
+        if isinstance(text, list):
+            if not all(isinstance(t, str) for t in text):
+                raise BadRequest(
+                    "input: token ids are not supported; send the text",
+                    "unsupported_parameter",
+                    "input",
+                )
+            if len(text) != 1:
+                raise BadRequest(
+                    "input: one text per request (a list of several is not supported; "
+                    "put each text on its own line)",
+                    "unsupported_parameter",
+                    "input",
+                )
+            text = text[0]
+        if self.dimensions is None:
+            self.dimensions = (body.dimensions, number)
+        elif body.dimensions != self.dimensions[0]:
+            raise BadRequest(
+                f"dimensions {body.dimensions} differs from this batch's "
+                f"{self.dimensions[0]} (line {self.dimensions[1]}); one size per batch file",
+                param="dimensions",
+            )
+        sampling = {"encoding_format": body.encoding_format}
+        return Request(model=body.model, sampling=sampling, prompt=text)
 
 
 def _refuse_unsupported(body: _Body) -> None:

@@ -59,6 +59,7 @@ SAMPLING_KEYS = (
     "json_object",
     "logprobs",
     "top_logprobs",
+    "encoding_format",  # /v1/embeddings: how the vector is written (float or base64)
 )
 # The deepest a request line may nest: real requests (a JSON schema in response_format
 # included) stay far below, and every later stage (pydantic, json.dumps of the sampling,

@@ -38,7 +38,7 @@ from nightshift.batch.destinations import (
     distinct,
     legacy_claims,
 )
-from nightshift.batch.openai import OpenAIParser
+from nightshift.batch.openai import EMBEDDINGS, OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import (
     ID_COLUMN,
@@ -239,6 +239,8 @@ def _convert(
         "sha256": digest,
         "format": parser.format,
         "endpoint": getattr(parser, "endpoint", None) or "anthropic",
+        # /v1/embeddings: the one vector size its lines ask for (None: the model's)
+        "dimensions": (getattr(parser, "dimensions", None) or (None,))[0],
         "shape": done.shape,
         "served": served,
         "lines": done.lines,
@@ -338,13 +340,24 @@ def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str])
         # a provider's batch runs as sent; --set run.canary=true checks FP8 KV first
         "run": {"canary": False},
     }
+    if marker["endpoint"] == EMBEDDINGS:
+        _as_embeddings(spec, marker)
     for item in overrides:
         apply_override(spec, item)
     context = spec["model"]["max_model_len"]
-    if isinstance(context, int) and context > 1:
+    if isinstance(context, int) and context > 1 and "sampling" in spec:
         spec["sampling"]["max_tokens"] = min(DEFAULT_MAX_TOKENS, context // 2)
     validate_spec(spec)  # a bad --set is named here, before Prefect starts
     return spec
+
+
+def _as_embeddings(spec: dict[str, Any], marker: dict) -> None:
+    """A /v1/embeddings batch: an embed job of its texts, normalized as OpenAI's are;
+    each line's encoding_format stays in its kept sampling column, for the writer."""
+    spec["task"] = {"kind": "embed"}
+    spec["embed"] = {"normalize": True, "dimensions": marker.get("dimensions")}
+    spec["input"] = {**spec["input"], "keep_columns": [SAMPLING_COLUMN]}
+    del spec["input"]["sampling_column"], spec["sampling"]
 
 
 def _job_name(input_url: str) -> str:

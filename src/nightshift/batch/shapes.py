@@ -8,10 +8,13 @@ SDKs' own types.
 
 from __future__ import annotations
 
+import base64
+import json
+import struct
 from dataclasses import dataclass
 from typing import Any
 
-from nightshift.batch.openai import CHAT
+from nightshift.batch.openai import CHAT, EMBEDDINGS
 from nightshift.batch.results import Answer, choices, request_ids
 
 # What OpenAI writes for a text model: nothing spent on reasoning, audio or predictions.
@@ -38,13 +41,14 @@ def openai_line(
     ids = request_ids(ctx.batch_key, custom_id, line)
     out: dict[str, Any] = {"id": ids["line"], "custom_id": custom_id}
     if answer.ok:
-        body = _openai_body(ctx, ids["body"], model, answer.row)
+        made = _embedding_body if ctx.endpoint == EMBEDDINGS else _openai_body
+        body = made(ctx, ids["body"], model, answer.row)
         out |= {"response": {"status_code": 200, "request_id": ids["request"], "body": body}}
         return out | {"error": None}
     if answer.status == 400:
         param = answer.param
         if param == "messages" and ctx.endpoint != CHAT:
-            param = "prompt"
+            param = "input" if ctx.endpoint == EMBEDDINGS else "prompt"
         error = {
             "message": answer.message,
             "type": "invalid_request_error",
@@ -77,6 +81,21 @@ def _openai_body(ctx: Context, digest: str, model: str | None, row: dict[str, An
             "completion_tokens_details": dict(COMPLETION_DETAILS),
         },
         "system_fingerprint": None,
+    }
+
+
+def _embedding_body(ctx: Context, digest: str, model: str | None, row: dict[str, Any]) -> dict:
+    """OpenAI's ``CreateEmbeddingResponse``: one embedding, as floats or, as OpenAI
+    encodes them, base64 of little-endian float32."""
+    vector = row["embedding"]
+    if json.loads(row.get("sampling") or "{}").get("encoding_format") == "base64":
+        vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    prompt = row["prompt_tokens"]
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        "model": model,
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
 
 
