@@ -137,7 +137,7 @@ def openai_batch(client: openai.OpenAI, lines: list) -> Batch:
 def finished(client: openai.OpenAI, batch_id: str) -> Batch:
     return wait_for(
         lambda: client.batches.retrieve(batch_id),
-        lambda b: b.status in ("completed", "failed", "cancelled"),
+        lambda b: b.status in ("completed", "failed", "cancelled", "expired"),
     )
 
 

@@ -126,3 +126,11 @@ def test_an_embed_job_killed_midway_resumes_with_every_vector_once(models, tmp_p
         for p in (out, tmp_path / "clean")
     )
     assert got.keys() == clean.keys() and all(got[k] == clean[k] for k in clean)
+
+
+def test_a_changed_embed_setting_is_refused_on_resume(models, tmp_path, write_spec):
+    data = embed_job(models, tmp_path, ["one", "two"])
+    run(write_spec(data))
+    data["embed"] = {"normalize": False}
+    result = runner.invoke(app, ["jobs", "run", str(write_spec(data)), "--set", "run.engine=fake"])
+    assert result.exit_code != 0 and "embed" in result.output

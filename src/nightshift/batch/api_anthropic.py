@@ -23,10 +23,16 @@ from starlette.concurrency import run_in_threadpool
 from nightshift.batch.http import ApiError, public_base_url
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.state import ServerState
-from nightshift.batch.store import new_id, valid_id
+from nightshift.batch.store import UNFINISHED, new_id, valid_id
 
 _CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_PROCESSING = {"cancelling": "canceling", "completed": "ended", "failed": "ended"}
+_PROCESSING = {
+    "cancelling": "canceling",
+    "completed": "ended",
+    "failed": "ended",
+    "cancelled": "ended",
+    "expired": "ended",
+}
 
 
 def anthropic_router(state: ServerState) -> APIRouter:
@@ -44,7 +50,8 @@ def anthropic_router(state: ServerState) -> APIRouter:
         data = ("\n".join(lines) + "\n").encode()
         key = state.batches.input_key(batch_id)  # the store may be a bucket: off the loop
         await run_in_threadpool(state.batches.store.put_bytes, key, data)
-        record = new_record("anthropic", batch_id, len(lines), endpoint="/v1/messages")
+        window = state.settings.expire_after_s
+        record = new_record("anthropic", batch_id, len(lines), window, endpoint="/v1/messages")
         await run_in_threadpool(state.batches.put_batch, record)
         state.queue.wake()
         return message_batch(record, base)
@@ -56,7 +63,7 @@ def anthropic_router(state: ServerState) -> APIRouter:
     @router.get("/{batch_id}/results")
     def results(batch_id: str) -> StreamingResponse:
         record = _batch(state, batch_id)
-        if record["status"] not in ("completed", "failed", "cancelled"):
+        if record["status"] in UNFINISHED:
             raise ApiError(400, f"batch {batch_id} has not ended yet: no results")
         missing = [
             f
@@ -99,28 +106,32 @@ def anthropic_router(state: ServerState) -> APIRouter:
 
 def message_batch(record: dict[str, Any], base: str) -> dict[str, Any]:
     status = _PROCESSING.get(record["status"], "in_progress")
-    if record["status"] == "cancelled":
-        status = "ended"
+    # live while it runs (batch.progress): those answered so far, the rest processing
     counts, ended = record["request_counts"], status == "ended"
     done = counts["completed"] + counts["failed"]
     cancelled = record["status"] == "cancelled"
+    expired = record.get("expired_requests", 0)  # failed ones its window ended
     results_url = f"{base}/v1/messages/batches/{record['id']}/results"
     return {
         "id": record["id"],
         "type": "message_batch",
         "processing_status": status,
         "request_counts": {
-            "processing": 0 if ended else counts["total"],
-            "succeeded": counts["completed"] if ended else 0,
-            "errored": (counts["failed"] if ended else 0)
+            "processing": 0 if ended else counts["total"] - done,
+            "succeeded": counts["completed"],
+            "errored": counts["failed"]
+            - expired
             + (counts["total"] if record["status"] == "failed" and not done else 0),
             "canceled": counts["total"] - done if cancelled else 0,
-            "expired": 0,
+            "expired": expired,
         },
         "created_at": _rfc3339(record["created_at"]),
         "expires_at": _rfc3339(record["expires_at"]),
         "ended_at": _rfc3339(
-            record["completed_at"] or record["failed_at"] or record["cancelled_at"]
+            record["completed_at"]
+            or record["failed_at"]
+            or record["cancelled_at"]
+            or record.get("expired_at")
         ),
         "cancel_initiated_at": _rfc3339(record["cancelling_at"]),
         "archived_at": None,

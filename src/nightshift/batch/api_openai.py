@@ -96,6 +96,7 @@ def openai_router(state: ServerState) -> APIRouter:
             "openai",
             new_id("batch"),
             total,
+            state.settings.expire_after_s,
             endpoint=endpoint,
             input_file_id=input_id,
             completion_window="24h",
@@ -168,7 +169,7 @@ def batch_object(record: dict[str, Any], state: ServerState) -> dict[str, Any]:
             for t in ("created", "in_progress", "expires", "finalizing", "completed")
         },
         **{f"{t}_at": record[f"{t}_at"] for t in ("failed", "cancelling", "cancelled")},
-        "expired_at": None,
+        "expired_at": record.get("expired_at"),
         "request_counts": record["request_counts"],
         "usage": None if usage is None else _usage(usage),
         "metadata": record["metadata"],

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nightshift.batch.lifecycle import DAY_S
+from nightshift.batch.progress import EXPIRED_MESSAGE, LiveCounts, expired
 from nightshift.batch.store import BatchStore
 
 
@@ -31,6 +33,7 @@ class ServeSettings:
     max_bytes: int = 200 * 1024 * 1024
     max_lines: int = 50_000
     public_url: str | None = None  # the base of links handed out; else the bind address
+    expire_after_s: int = DAY_S  # a batch's completion window (the providers': 24 hours)
 
     def model_names(self) -> list[str]:
         """The names a request's ``model`` may give (``/v1/models`` lists them)."""
@@ -54,29 +57,36 @@ def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSetti
     """Run (or resume) ``record``'s job; returns its counts and token usage."""
     from nightshift.batch.run import run_batch
 
-    outcome = run_batch(
-        input_uri(batches, record),
-        batches.file_uri(record["output_file_id"]),
-        model=settings.model,
-        errors_url=errors_uri(batches, record),
-        fmt=record["provider"],
-        served_names=settings.served_names or None,
-        overrides=list(settings.overrides),
-        work_url=batches.work_uri(record["id"]),
-        progress=False,
-    )
+    work = batches.work_uri(record["id"])
+    with LiveCounts(batches, record, work):  # clients poll the record for progress
+        outcome = run_batch(
+            input_uri(batches, record),
+            batches.file_uri(record["output_file_id"]),
+            model=settings.model,
+            errors_url=errors_uri(batches, record),
+            fmt=record["provider"],
+            served_names=settings.served_names or None,
+            overrides=list(settings.overrides),
+            work_url=work,
+            progress=False,
+        )
     if outcome.stopped:
         current = batches.batch(record["id"]) or record
+        if expired(current) and current["status"] != "cancelling":
+            return write_partial(batches, record, expiring=True) | {"how": "expired"}
         if current["status"] != "cancelling":
             raise JobStopped(record["id"])  # a shutdown: the next start resumes it
         return write_partial(batches, record)
     return outcome_counts(outcome)
 
 
-def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]:
-    """A cancelled batch's results: the lines its job answered (its committed shards and
-    the bad lines), none for the requests it never ran. ``run_batch`` writes results
-    only once a job is done, so this is its last step, given the answers so far."""
+def write_partial(
+    batches: BatchStore, record: dict[str, Any], expiring: bool = False
+) -> dict[str, int]:
+    """A cancelled or expired batch's results: the lines its job answered (its committed
+    shards and the bad lines); for the requests it never ran, none when cancelled, a
+    ``batch_expired`` error each when expired. ``run_batch`` writes results only once a
+    job is done, so this is its last step, given the answers so far."""
     import json
     import tempfile
     from pathlib import Path
@@ -93,10 +103,12 @@ def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]
     with tempfile.TemporaryDirectory(prefix="nightshift-cancel-") as tmp:
         records = work.download(RECORDS, Path(tmp, "r.parquet")) if marker["records"] else None
         ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
+        ran = list(outcomes(records, bad, work.uri(JOB_DIR)))
+        left = sum(_not_run(item[3]) for item in ran)
         answered = (
-            item
-            for item in outcomes(records, bad, work.uri(JOB_DIR))
-            if item[3].ok or item[3].code != "not_run"
+            (*item[:3], _expired_answer()) if expiring and _not_run(item[3]) else item
+            for item in ran
+            if expiring or not _not_run(item[3])
         )
         done = write_outputs(
             ctx,
@@ -105,7 +117,18 @@ def write_partial(batches: BatchStore, record: dict[str, Any]) -> dict[str, int]
             batches.file_uri(record["output_file_id"]),
             errors_uri(batches, record),
         )
-    return outcome_counts(done) | {"total": record["request_counts"]["total"]}
+    counts = outcome_counts(done) | {"total": record["request_counts"]["total"]}
+    return counts | ({"expired": left} if expiring else {})
+
+
+def _not_run(answer: Any) -> bool:
+    return not answer.ok and answer.code == "not_run"
+
+
+def _expired_answer() -> Any:
+    from nightshift.batch.results import Answer
+
+    return Answer(False, status=500, code="batch_expired", message=EXPIRED_MESSAGE)
 
 
 def outcome_counts(outcome: Any) -> dict[str, int]:

@@ -18,7 +18,10 @@ from nightshift.faults import crash_point
 DAY_S = 24 * 3600
 
 
-def new_record(provider: str, batch_id: str, total: int, **fields: Any) -> dict[str, Any]:
+def new_record(
+    provider: str, batch_id: str, total: int, window_s: int = DAY_S, **fields: Any
+) -> dict[str, Any]:
+    """A new batch record, queued; it expires ``window_s`` after now (``batch.progress``)."""
     now = int(time.time())
     return {
         "id": batch_id,
@@ -26,13 +29,14 @@ def new_record(provider: str, batch_id: str, total: int, **fields: Any) -> dict[
         "seq": next_seq(),
         "status": "validating",
         "created_at": now,
-        "expires_at": now + DAY_S,
+        "expires_at": now + window_s,
         "in_progress_at": None,
         "finalizing_at": None,
         "completed_at": None,
         "failed_at": None,
         "cancelling_at": None,
         "cancelled_at": None,
+        "expired_at": None,
         "request_counts": {"total": total, "completed": 0, "failed": 0},
         "usage": None,
         "errors": None,
@@ -60,7 +64,7 @@ def finish(
     how: str,
     errors: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Write the end state: ``how`` is "completed", "cancelled" or "failed: why";
+    """Write the end state: ``how`` is "completed", "cancelled", "expired" or "failed: why";
     ``errors`` (OpenAI's ``{code, message, line, param}``) say why it failed, if given."""
     batch_id, now = record["id"], int(time.time())
     if counts is not None:
@@ -85,6 +89,8 @@ def finish(
                 "failed": counts["failed"],
             }
             r["usage"] = {k: counts[f"{k}_tokens"] for k in ("input", "output", "cached")}
+            # of the failed, those its window ended (Anthropic counts them apart)
+            r["expired_requests"] = counts.get("expired", 0)
         if how.startswith("failed"):
             message = how.partition(": ")[2] or "the batch failed"
             r.update(status="failed", failed_at=now)

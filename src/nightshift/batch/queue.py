@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nightshift.batch.execute import JobStopped
+from nightshift.batch.progress import expired
 from nightshift.batch.store import UNFINISHED, BatchStore
 from nightshift.errors import StoreError, UserError
 from nightshift.pipelines import stops
@@ -193,7 +194,7 @@ class BatchQueue:
         record = self._claimed(record["id"])
         if record is None:
             return
-        watcher = _StopWatcher(self._stop_wanted)
+        watcher = _StopWatcher(self._stop_wanted, record)
         try:
             counts = self._run(record)
         except JobStopped:
@@ -212,9 +213,11 @@ class BatchQueue:
         finally:
             watcher.done()
             self.current = None
-        if self._closing.is_set() and not self._cancelling(record["id"]):
+        how = counts.pop("how", None)  # "expired": its window passed while it ran
+        if how is None and self._closing.is_set() and not self._cancelling(record["id"]):
             return
-        self._finish(record, counts, "cancelled" if self._cancelling(record["id"]) else "completed")
+        how = how or ("cancelled" if self._cancelling(record["id"]) else "completed")
+        self._finish(record, counts, how)
 
     def _mark_running(self, batch_id: str) -> dict[str, Any] | None:
         def change(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -259,13 +262,14 @@ class _Retries:
 
 
 class _StopWatcher:
-    """Requests a graceful stop of the flow run started after it, once ``wanted`` is set.
+    """Requests a graceful stop of the flow run started after it, once ``wanted`` is set
+    or ``record``'s completion window has passed (``batch.progress.expired``).
 
     The flow body creates its stop only when it starts (``stops.graceful_stop``), so a
     stop wanted earlier waits for it; one wanted after the run ended is dropped."""
 
-    def __init__(self, wanted: threading.Event, poll_s: float = 0.2) -> None:
-        self._wanted, self._poll_s = wanted, poll_s
+    def __init__(self, wanted: threading.Event, record: dict, poll_s: float = 0.2) -> None:
+        self._wanted, self._poll_s, self._record = wanted, poll_s, record
         self._before = stops.last_stop()
         self._done = threading.Event()
         threading.Thread(target=self._watch, name="nightshift-batch-stop", daemon=True).start()
@@ -276,7 +280,9 @@ class _StopWatcher:
     def _watch(self) -> None:
         while not self._done.wait(self._poll_s):
             stop = stops.last_stop()
-            if self._wanted.is_set() and stop is not None and stop is not self._before:
+            why = "cancelled" if self._wanted.is_set() else None
+            why = why or ("expired" if expired(self._record) else None)
+            if why and stop is not None and stop is not self._before:
                 if not stop.finished.is_set():
-                    stop.request("cancelled")
+                    stop.request(why)
                 return

@@ -159,6 +159,8 @@ def anthropic_line(
     # The SDK's custom_id is a string: "" for a line without a usable one (never a real
     # id, empty ones are refused); its message names the line.
     custom_id = custom_id or ""
+    if answer.code == "batch_expired":  # its batch's window ended before it ran
+        return {"custom_id": custom_id, "result": {"type": "expired"}}
     if not answer.ok:
         kind = "invalid_request_error" if answer.status == 400 else "api_error"
         error = {

@@ -41,6 +41,13 @@ def serve(
     max_upload_lines: int = typer.Option(
         50_000, "--max-upload-lines", min=1, help="Requests per batch limit."
     ),
+    expire_after_s: int = typer.Option(
+        24 * 3600,
+        "--expire-after",
+        min=1,
+        help="Seconds a batch may take from its creation (the providers' 24h window); "
+        "past it its unfinished requests end expired and what finished is kept.",
+    ),
     public_url: str | None = typer.Option(
         None,
         "--public-url",
@@ -69,6 +76,7 @@ def serve(
         overrides=list(overrides or []),
         max_bytes=max_upload_mb * 1024 * 1024,
         max_lines=max_upload_lines,
+        expire_after_s=expire_after_s,
         public_url=check_public_url(public_url) if public_url is not None else None,
     )
     typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)

@@ -58,6 +58,8 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
         "engine.kv_cache_dtype": spec.engine.kv_cache_dtype,
         "engine.extra": extra,
     }
+    if spec.embed is not None:  # embed jobs only: other jobs' prints stay as they were
+        inputs["embed"] = data["embed"]
     if spec.input.sampling_column is not None:  # set only where used: older prints stay
         inputs["input.sampling_column"] = spec.input.sampling_column
     return inputs

@@ -46,7 +46,8 @@ def _sampling_dump(sampling: Sampling) -> dict[str, Any]:
     """The sampling, less the settings added for per-record sampling where they hold
     their default: a job's scope, and the answers cached under it, stay as they were."""
     data = dataclasses.asdict(sampling)
-    for key, default in (("n", 1), ("logprobs", None), ("top_k", 0), ("score_tokens", ())):
+    defaults = (("n", 1), ("logprobs", None), ("top_k", 0), ("score_tokens", ()), ("pooling", None))
+    for key, default in defaults:
         if data[key] == default:
             del data[key]
     if data["constraint"] is not None and not data["constraint"]["json_object"]:
