@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import openai
 from openai.types import CreateEmbeddingResponse
+from openai.types.responses import Response
 
 from .batchserver import (
     FAKE,
@@ -58,6 +59,20 @@ def test_counts_grow_while_a_batch_runs_and_embeddings_batches_run(serve):
         for x in output_lines(client, embedded.output_file_id)
     ]
     assert [len(b.data[0].embedding) for b in bodies] == [128] * 5  # the test model's size
+
+    asks = [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "demo", "input": f"Question {i}", "max_output_tokens": 4}}
+        for i in range(3)
+    ]  # fmt: skip
+    uploaded = client.files.create(file=("q.jsonl", jsonl(asks)), purpose="batch")
+    asked = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h"
+    )
+    answered = finished(client, asked.id)
+    assert answered.status == "completed" and answered.request_counts.completed == 3
+    for x in output_lines(client, answered.output_file_id):
+        assert Response.model_validate(x["response"]["body"]).output_text
 
 
 def test_a_batch_past_its_window_expires_keeping_what_finished(serve):

@@ -18,11 +18,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nightshift.batch.records import BadRequest, Request, validated
+from nightshift.batch.responses import responses_request
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+RESPONSES = "/v1/responses"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 # Accepted and without effect on the answer.
 IGNORED = {
     "model",
@@ -145,6 +147,8 @@ class OpenAIParser:
             )
         if batch.url == EMBEDDINGS:
             request = self._embedding(batch.body, number)
+        elif batch.url == RESPONSES:
+            request = responses_request(batch.body)
         else:
             request = _chat(batch.body) if batch.url == CHAT else _completion(batch.body)
         if self.endpoint is None:
@@ -183,8 +187,8 @@ class OpenAIParser:
                 f"{self.dimensions[0]} (line {self.dimensions[1]}); one size per batch file",
                 param="dimensions",
             )
-        sampling = {"encoding_format": body.encoding_format}
-        return Request(model=body.model, sampling=sampling, prompt=text)
+        echo = {"encoding_format": body.encoding_format} if body.encoding_format else None
+        return Request(model=body.model, sampling={}, prompt=text, echo=echo)
 
 
 def _refuse_unsupported(body: _Body) -> None:

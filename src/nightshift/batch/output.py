@@ -8,12 +8,13 @@ S3), so a reader sees the old file or the new one, never half; ERRORS before OUT
 from __future__ import annotations
 
 import heapq
+import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nightshift.batch.records import ID_COLUMN, BadLine, read_lines
+from nightshift.batch.records import ECHO_COLUMN, ID_COLUMN, BadLine, read_lines
 from nightshift.batch.results import NOT_RUN, Answer, Written, bad_line_answer, dumps, job_answers
 from nightshift.batch.shapes import Context, anthropic_line, openai_line
 from nightshift.io.objectstore import open_store
@@ -27,11 +28,19 @@ def outcomes(
     ran: Iterator[tuple[int, str | None, str | None, Answer]] = iter(())
     if records is not None:
         ran = (
-            (r["line"], r[ID_COLUMN], r["model"], answers.get(r[ID_COLUMN]) or _not_run())
+            (r["line"], r[ID_COLUMN], r["model"], _echoed(answers.get(r[ID_COLUMN]), r))
             for r in read_lines(records)
         )
     refused = ((b.line, b.custom_id, None, bad_line_answer(b)) for b in bad)
     yield from heapq.merge(ran, refused, key=lambda item: item[0])
+
+
+def _echoed(answer: Answer | None, record: dict[str, Any]) -> Answer:
+    """The record's answer (or not-run), with what its body repeats of the request."""
+    answer = answer or _not_run()
+    echo = record.get(ECHO_COLUMN)
+    answer.echo = json.loads(echo) if echo else {}
+    return answer
 
 
 def _not_run() -> Answer:

@@ -31,19 +31,19 @@ from nightshift.batch.jsonshape import MAX_DEPTH, nesting_depth, skeleton
 
 ID_COLUMN = "custom_id"
 SAMPLING_COLUMN = "sampling"
+# What the provider's answer body repeats of its request (an embedding's encoding, a
+# Responses body's instructions and metadata): JSON, read back only by the writer.
+ECHO_COLUMN = "echo"
 TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
 _BASE = [
     pa.field(ID_COLUMN, pa.string()),
     pa.field("line", pa.int64()),
     pa.field("model", pa.string()),
 ]
+_TAIL = [pa.field(SAMPLING_COLUMN, pa.string()), pa.field(ECHO_COLUMN, pa.string())]
 SCHEMAS = {
-    "messages": pa.schema(
-        [*_BASE, pa.field("messages", pa.list_(TURN)), pa.field(SAMPLING_COLUMN, pa.string())]
-    ),
-    "prompt": pa.schema(
-        [*_BASE, pa.field("prompt", pa.string()), pa.field(SAMPLING_COLUMN, pa.string())]
-    ),
+    "messages": pa.schema([*_BASE, pa.field("messages", pa.list_(TURN)), *_TAIL]),
+    "prompt": pa.schema([*_BASE, pa.field("prompt", pa.string()), *_TAIL]),
 }
 WRITE_BATCH = 4096
 # The sampling keys of the contract with the run path (input.sampling_column).
@@ -59,7 +59,6 @@ SAMPLING_KEYS = (
     "json_object",
     "logprobs",
     "top_logprobs",
-    "encoding_format",  # /v1/embeddings: how the vector is written (float or base64)
 )
 # The deepest a request line may nest: real requests (a JSON schema in response_format
 # included) stay far below, and every later stage (pydantic, json.dumps of the sampling,
@@ -101,6 +100,7 @@ class Request:
     sampling: dict[str, Any]
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    echo: dict[str, Any] | None = None  # what the answer's body repeats (ECHO_COLUMN)
 
 
 class LineParser(Protocol):
@@ -281,6 +281,7 @@ class _Writer:
                 "model": request.model,
                 self.shape: body,
                 SAMPLING_COLUMN: sampling_json(request.sampling),
+                ECHO_COLUMN: json.dumps(request.echo, ensure_ascii=False) if request.echo else None,
             }
         )
         if len(self.rows) >= WRITE_BATCH:
@@ -311,5 +312,7 @@ def validated(model: type[BaseModel], data: dict[str, Any], prefix: str) -> Any:
 
 def read_lines(path: Path) -> Iterable[dict[str, Any]]:
     """The records table's rows (for writing results), in line order."""
-    table = pq.read_table(path, columns=[ID_COLUMN, "line", "model", SAMPLING_COLUMN])
+    names = pq.read_schema(path).names  # a batch converted before the echo column: none
+    columns = [ID_COLUMN, "line", "model", SAMPLING_COLUMN]
+    table = pq.read_table(path, columns=columns + [c for c in (ECHO_COLUMN,) if c in names])
     return table.to_pylist()

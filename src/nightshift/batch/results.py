@@ -48,6 +48,7 @@ class Answer:
     code: str = "invalid_request"
     message: str = ""
     param: str | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # what the body repeats (ECHO_COLUMN)
 
 
 @dataclass

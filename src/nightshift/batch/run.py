@@ -352,11 +352,9 @@ def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str])
 
 
 def _as_embeddings(spec: dict[str, Any], marker: dict) -> None:
-    """A /v1/embeddings batch: an embed job of its texts, normalized as OpenAI's are;
-    each line's encoding_format stays in its kept sampling column, for the writer."""
+    """A /v1/embeddings batch: an embed job of its texts, normalized as OpenAI's are."""
     spec["task"] = {"kind": "embed"}
     spec["embed"] = {"normalize": True, "dimensions": marker.get("dimensions")}
-    spec["input"] = {**spec["input"], "keep_columns": [SAMPLING_COLUMN]}
     del spec["input"]["sampling_column"], spec["sampling"]
 
 

@@ -9,12 +9,11 @@ SDKs' own types.
 from __future__ import annotations
 
 import base64
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from nightshift.batch.openai import CHAT, EMBEDDINGS
+from nightshift.batch.openai import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from nightshift.batch.results import Answer, choices, request_ids
 
 # What OpenAI writes for a text model: nothing spent on reasoning, audio or predictions.
@@ -41,14 +40,14 @@ def openai_line(
     ids = request_ids(ctx.batch_key, custom_id, line)
     out: dict[str, Any] = {"id": ids["line"], "custom_id": custom_id}
     if answer.ok:
-        made = _embedding_body if ctx.endpoint == EMBEDDINGS else _openai_body
-        body = made(ctx, ids["body"], model, answer.row)
+        made = BODIES.get(ctx.endpoint, _openai_body)
+        body = made(ctx, ids["body"], model, answer.row, answer.echo)
         out |= {"response": {"status_code": 200, "request_id": ids["request"], "body": body}}
         return out | {"error": None}
     if answer.status == 400:
         param = answer.param
         if param == "messages" and ctx.endpoint != CHAT:
-            param = "input" if ctx.endpoint == EMBEDDINGS else "prompt"
+            param = "prompt" if ctx.endpoint == COMPLETIONS else "input"
         error = {
             "message": answer.message,
             "type": "invalid_request_error",
@@ -60,7 +59,9 @@ def openai_line(
     return out | {"response": None, "error": {"code": answer.code, "message": answer.message}}
 
 
-def _openai_body(ctx: Context, digest: str, model: str | None, row: dict[str, Any]) -> dict:
+def _openai_body(
+    ctx: Context, digest: str, model: str | None, row: dict[str, Any], echo: dict[str, Any]
+) -> dict:
     chat = ctx.endpoint == CHAT
     made = [(_chat_choice if chat else _text_choice)(i, c) for i, c in enumerate(choices(row))]
     prompt, output = row["prompt_tokens"], row["output_tokens"]
@@ -84,11 +85,13 @@ def _openai_body(ctx: Context, digest: str, model: str | None, row: dict[str, An
     }
 
 
-def _embedding_body(ctx: Context, digest: str, model: str | None, row: dict[str, Any]) -> dict:
+def _embedding_body(
+    ctx: Context, digest: str, model: str | None, row: dict[str, Any], echo: dict[str, Any]
+) -> dict:
     """OpenAI's ``CreateEmbeddingResponse``: one embedding, as floats or, as OpenAI
     encodes them, base64 of little-endian float32."""
     vector = row["embedding"]
-    if json.loads(row.get("sampling") or "{}").get("encoding_format") == "base64":
+    if echo.get("encoding_format") == "base64":
         vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
     prompt = row["prompt_tokens"]
     return {
@@ -97,6 +100,64 @@ def _embedding_body(ctx: Context, digest: str, model: str | None, row: dict[str,
         "model": model,
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
+
+
+def _response_body(
+    ctx: Context, digest: str, model: str | None, row: dict[str, Any], echo: dict[str, Any]
+) -> dict:
+    """OpenAI's ``Response`` object for a Responses API request: one message of
+    ``output_text``; ``incomplete`` where max_output_tokens cut it short."""
+    first = choices(row)[0]
+    cut = first.get("finish_reason") == "length"
+    prompt, output, cached = row["prompt_tokens"], row["output_tokens"], row["cached_tokens"] or 0
+    text = {"type": "output_text", "text": first["text"], "annotations": [], "logprobs": []}
+    message = {
+        "id": f"msg_{digest}",
+        "type": "message",
+        "status": "incomplete" if cut else "completed",
+        "role": "assistant",
+        "content": [text],
+    }
+    return {
+        "id": f"resp_{digest}",
+        "object": "response",
+        "created_at": ctx.created,
+        "status": "incomplete" if cut else "completed",
+        "background": False,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "instructions": echo.get("instructions"),
+        "max_output_tokens": echo.get("max_output_tokens"),
+        "model": model,
+        "output": [message],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": False,
+        "temperature": _or(echo.get("temperature"), 1.0),
+        "text": echo.get("text") or {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": _or(echo.get("top_p"), 1.0),
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": prompt,
+            # no cache writes are billed apart here: vLLM's prefix cache just keeps blocks
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output,
+        },
+        "user": None,
+        "metadata": echo.get("metadata") or {},
+    }
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+BODIES = {EMBEDDINGS: _embedding_body, RESPONSES: _response_body}
 
 
 def _finish(choice: dict[str, Any]) -> str:
