@@ -61,7 +61,8 @@ def test_the_sample_is_a_few_runs_of_consecutive_records_in_plan_order(models, t
     spots = sorted(place[i] for i in ids)
     runs = 1 + sum(b != a + 1 for a, b in zip(spots, spots[1:], strict=False))
     assert runs <= 4 and spots[0] == 0 and spots[-1] == 299  # spread to both ends
-    assert default_size(400) == 32 and default_size(100_000) == 2000 and default_size(20) == 20
+    assert default_size(400) == 20 and default_size(100_000) == 2000 and default_size(10) == 10
+    assert default_size(200) == 16  # the smallest sample, a tenth of the job at most
 
 
 def test_choose_takes_the_fastest_that_agrees_and_says_its_gain():

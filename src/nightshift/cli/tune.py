@@ -22,7 +22,7 @@ def tune(
         None,
         "--sample",
         min=1,
-        help="Records in the sample (default: 5% of the job, 32 to 2,000, at most a tenth).",
+        help="Records in the sample (default: 5% of the job, 16 to 2,000, at most a tenth).",
     ),
     tries: list[str] = typer.Option(
         [],
