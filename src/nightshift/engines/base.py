@@ -58,6 +58,7 @@ class EngineRequest:
     key: int  # the runner's handle for the request, unique in the run; results carry it back
     token_ids: Sequence[int]
     sampling: Sampling | None = None  # this request's own (input.sampling_column); None: the run's
+    adapter: str | None = None  # the LoRA adapter it runs under (model.adapters); None: base
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,12 @@ class FakeEngine:
         if error:
             return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
         sampling = request.sampling or sampling
-        cached = self._cache(ids)
+        if request.adapter is not None:  # another model: other answers, its own cache blocks
+            salt = -(_digest([ord(c) for c in request.adapter]) % 100_000) - 10
+            cached = max(0, self._cache([salt, *ids]) - 1)
+            ids = [*ids, salt]
+        else:
+            cached = self._cache(ids)
         if sampling.pooling is not None:
             return self._embedding(request.key, ids, cached, sampling.pooling)
         if self._noise and _digest([*ids, -2]) % 10_000 < self._noise * 10_000:

@@ -95,9 +95,14 @@ def fp8_kv_unsupported_reason() -> str | None:
 
 class VllmEngine:
     def __init__(
-        self, llm: Any, notes: dict[str, Any] | None = None, stall_s: float | None = None
+        self,
+        llm: Any,
+        notes: dict[str, Any] | None = None,
+        stall_s: float | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> None:
         self._llm = llm
+        self._loras = _lora_requests(adapters or {})
         cache = llm.llm_engine.vllm_config.cache_config
         blocks = cache.num_gpu_blocks or 0
         self.info = EngineInfo(
@@ -125,7 +130,11 @@ class VllmEngine:
 
     @classmethod
     def start(
-        cls, args: dict[str, Any], cpu_kv_cache_gib: int, stall_s: float | None = None
+        cls,
+        args: dict[str, Any],
+        cpu_kv_cache_gib: int,
+        stall_s: float | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> VllmEngine:
         """Start ``vllm.LLM(**args)``; without FP8 KV where this machine cannot hold it.
 
@@ -141,14 +150,14 @@ class VllmEngine:
         reason = fp8_kv_unsupported_reason() if "fp8" in requested else None
         if reason is None:
             try:
-                return cls(_start_llm(args), stall_s=stall_s)
+                return cls(_start_llm(args), stall_s=stall_s, adapters=adapters)
             except EngineError as exc:
                 if "fp8" not in requested or start_was_killed():  # killed: no second start
                     raise
                 reason = f"vLLM did not start with an FP8 KV cache ({exc})"
         log.warning("engine.kv_cache_dtype %s falls back to auto: %s", requested, reason)
         notes = {"kv_cache_dtype_requested": requested, "kv_cache_fallback": reason}
-        return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes, stall_s)
+        return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes, stall_s, adapters)
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
         """Feed ``LLMEngine`` a sliding window of requests and yield each as it finishes.
@@ -253,8 +262,13 @@ class VllmEngine:
         # Newer vLLM renders prompts before LLMEngine.add_request (raw ones are deprecated);
         # LLM.generate does the same through this method.
         render = getattr(self._llm, "_preprocess_cmpl_one", None)
+        lora = self._loras.get(request.adapter) if request.adapter is not None else None
+        if request.adapter is not None and lora is None:
+            error = f"adapter {request.adapter!r} is not loaded on this engine"
+            return EngineResult(request.key, error=error, prompt_tokens=len(request.token_ids))
         try:
-            engine.add_request(str(request.key), render(prompt) if render else prompt, params)
+            rendered = render(prompt) if render else prompt
+            engine.add_request(str(request.key), rendered, params, lora_request=lora)
         except (VLLMClientError, ValueError, TypeError) as exc:
             return EngineResult(request.key, error=str(exc), prompt_tokens=len(request.token_ids))
         return None
@@ -293,6 +307,15 @@ class VllmEngine:
         kill_process_tree(_engine_pids(llm) if llm is not None else [])
         if shutdown:
             shutdown()
+
+
+def _lora_requests(adapters: dict[str, str]) -> dict[str, Any]:
+    """One ``LoRARequest`` per adapter name, numbered from 1 (0 is the base model)."""
+    if not adapters:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    return {name: LoRARequest(name, i, path) for i, (name, path) in enumerate(adapters.items(), 1)}
 
 
 class PeakRecorder:

@@ -58,6 +58,8 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
         "engine.kv_cache_dtype": spec.engine.kv_cache_dtype,
         "engine.extra": extra,
     }
+    if spec.model.adapters:  # each adapter by content: a changed one is refused on resume
+        inputs["model.adapters"] = {n: model_identity(p) for n, p in spec.model.adapters.items()}
     if spec.embed is not None:  # embed jobs only: other jobs' prints stay as they were
         inputs["embed"] = data["embed"]
     if spec.input.sampling_column is not None:  # set only where used: older prints stay

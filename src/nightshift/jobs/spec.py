@@ -7,6 +7,7 @@ but rename or remove them only with a migration note.
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -84,6 +85,12 @@ class InputSpec(_Section):
         "every choice, its finish and stop sequence, tokens and logprobs).",
     )
 
+    adapter_column: str | None = Field(
+        default=None,
+        description="Column naming each record's LoRA adapter (a key of model.adapters); "
+        "null runs the base model. An unknown name rejects its record (unknown_adapter).",
+    )
+
     @model_validator(mode="after")
     def _detail_does_not_clash(self) -> InputSpec:
         clash = sorted(DETAIL_COLUMNS & {self.id_column, *self.keep_columns})
@@ -97,7 +104,7 @@ class InputSpec(_Section):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Unset, the key is left out: an older job's input (and fingerprint) reads as before.
-        return _without_defaults(handler(self), {"sampling_column": None})
+        return _without_defaults(handler(self), {"sampling_column": None, "adapter_column": None})
 
 
 class PromptSpec(_Section):
@@ -221,6 +228,27 @@ class ModelSpec(_Section):
     trust_remote_code: bool = Field(
         default=False, description="Allow model code shipped in the model folder to run."
     )
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters by name: folders in the PEFT layout (adapter_config.json "
+        "and adapter weights). input.adapter_column picks one per record; vLLM's "
+        "max_loras and max_lora_rank are set from them (engine.extra overrides).",
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters_are_folders(cls, adapters: dict[str, str]) -> dict[str, str]:
+        for name, path in adapters.items():
+            if not name.strip():
+                raise ValueError("an adapter needs a name")
+            if not (Path(path).expanduser() / "adapter_config.json").is_file():
+                raise ValueError(f"{name}: {path} holds no adapter_config.json")
+        return adapters
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # none: the model section (and every fingerprint) reads as it did before adapters
+        return _without_defaults(handler(self), {"adapters": {}})
 
 
 # vLLM arguments the spec sets under its own keys; engine.extra may not set them again,
@@ -363,6 +391,15 @@ class JobSpec(_Section):
             "sampling": {"max_tokens": 1},
             "embed": data.get("embed") or {},
         }
+
+    @model_validator(mode="after")
+    def _adapters_named(self) -> JobSpec:
+        if self.input.adapter_column is not None and not self.model.adapters:
+            raise ValueError(
+                "input.adapter_column: no adapters to pick from; name them under "
+                "model.adapters ({name: folder})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:

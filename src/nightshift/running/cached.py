@@ -41,6 +41,7 @@ class RunCache:
         self.cache, self.location = cache, location
         self.answered: set[int] = set()  # request keys answered from the cache
         self._job_cacheable = cacheable(sampling)  # requests without their own sampling
+        self._sampling = sampling
         self._inputs = (manifest or {}).get("fingerprint_inputs", {})
         self._scoped: dict[str, ResponseCache] = {}  # per-record samplings' caches
 
@@ -56,23 +57,24 @@ class RunCache:
         scope = cache_scope(manifest.get("fingerprint_inputs", {}), sampling)
         return cls(ResponseCache.open(location, scope), location, sampling, manifest)
 
-    def _for(self, sampling: Sampling | None) -> ResponseCache | None:
-        """The cache for a request's own sampling (None: the job's); None: not cached."""
-        if sampling is None:
+    def _for(self, sampling: Sampling | None, adapter: str | None = None) -> ResponseCache | None:
+        """The cache for a request's own sampling (None: the job's) and adapter (None:
+        the base model); None: not cached."""
+        if sampling is None and adapter is None:
             return self.cache if self._job_cacheable else None
-        if not cacheable(sampling):
+        if not (cacheable(sampling) if sampling is not None else self._job_cacheable):
             return None
-        key = sampling_key(sampling)
+        key = f"{sampling_key(sampling) if sampling is not None else ''}\0{adapter}"
         cache = self._scoped.get(key)
         if cache is None:
-            scope = cache_scope(self._inputs, sampling)
+            scope = cache_scope(self._inputs, sampling or self._sampling, adapter)
             cache = ResponseCache(self.cache.store, scope)
             cache.counts = self.cache.counts  # one tally for the run
             self._scoped[key] = cache
         return cache
 
     def lookup(self, request: EngineRequest) -> EngineResult | None:
-        cache = self._for(request.sampling)
+        cache = self._for(request.sampling, request.adapter)
         answer = cache.get(request.token_ids) if cache is not None else None
         if answer is None:
             return None
@@ -86,9 +88,15 @@ class RunCache:
     def from_cache(self, key: int) -> bool:
         return key in self.answered
 
-    def store(self, token_ids, result: EngineResult, sampling: Sampling | None = None) -> None:
+    def store(
+        self,
+        token_ids,
+        result: EngineResult,
+        sampling: Sampling | None = None,
+        adapter: str | None = None,
+    ) -> None:
         """Keep an engine's answer; errors, unfinished and cached answers are not stored."""
-        cache = self._for(sampling)
+        cache = self._for(sampling, adapter)
         if result.error or result.aborted or result.key in self.answered or cache is None:
             return
         cache.put(token_ids, answer_of(result))

@@ -16,6 +16,7 @@ from nightshift.engines.processes import StartingProcesses, engine_start_process
 from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineFatalError, RunStoppedError
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.lora import adapter_folders, lora_arguments
 
 if TYPE_CHECKING:
     from nightshift.engines.vllm_engine import VllmEngine
@@ -65,6 +66,7 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     }
     if e.block_size is not None:
         args["block_size"] = e.block_size
+    args.update(lora_arguments(spec))
     if spec.task.kind == "embed":
         # the pooling runner (a generative model is converted: last token, normalized)
         args["runner"] = "pooling"
@@ -78,7 +80,10 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
     from nightshift.engines.vllm_engine import VllmEngine
 
     return VllmEngine.start(
-        engine_arguments(spec), spec.engine.cpu_kv_cache_gib, stall_s=spec.run.stall_s
+        engine_arguments(spec),
+        spec.engine.cpu_kv_cache_gib,
+        stall_s=spec.run.stall_s,
+        adapters=adapter_folders(spec),
     )
 
 
@@ -154,7 +159,13 @@ def _engine_key(spec: JobSpec) -> str:
     """Two specs share an engine when they would start the very same one."""
     e = spec.engine
     return json.dumps(
-        [spec.run.engine, engine_arguments(spec), e.cpu_kv_cache_gib, spec.run.stall_s],
+        [
+            spec.run.engine,
+            engine_arguments(spec),
+            adapter_folders(spec),
+            e.cpu_kv_cache_gib,
+            spec.run.stall_s,
+        ],
         sort_keys=True,
         default=str,
     )

@@ -58,6 +58,7 @@ class Pending:
     token_ids: Sequence[int]
     tries: int = 1
     sampling: Sampling | None = None  # its own (input.sampling_column); None: the run's
+    adapter: str | None = None  # its adapter (input.adapter_column); None: the base model
 
 
 class RequestFeed:
@@ -81,6 +82,7 @@ class RequestFeed:
         self.id_column = spec.input.id_column
         self.keep = keep if keep is not None else spec.input.keep_columns
         self.sampling = sampling_column(spec)  # per-record sampling, or None
+        self.adapter_column = spec.input.adapter_column  # per-record adapter, or None
         self.in_flight: dict[int, Pending] = {}
         self._keys = keys if keys is not None else itertools.count()
         self._again: deque[EngineRequest] = deque()
@@ -181,14 +183,23 @@ class RequestFeed:
         kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()
         samplings = self._samplings(records)
+        adapters = self._adapters(records)
         requests = []
-        for record_id, row, tokens, sampling in zip(ids, kept, token_ids, samplings, strict=True):
+        for record_id, row, tokens, sampling, adapter in zip(
+            ids, kept, token_ids, samplings, adapters, strict=True
+        ):
             key = next(self._keys)
             with self._pending_lock:  # counted before the request can come back
                 self._pending[shard] += 1
-            self.in_flight[key] = Pending(shard, record_id, row, tokens, sampling=sampling)
-            requests.append(EngineRequest(key, tokens, sampling))
+            self.in_flight[key] = Pending(shard, record_id, row, tokens, 1, sampling, adapter)
+            requests.append(EngineRequest(key, tokens, sampling, adapter))
         return requests
+
+    def _adapters(self, records: pl.DataFrame) -> list[str | None]:
+        """Each record's adapter (the plan rejected every unknown name)."""
+        if self.adapter_column is None:
+            return [None] * records.height
+        return records[self.adapter_column].to_list()
 
     def _samplings(self, records: pl.DataFrame) -> list[Sampling | None]:
         """Each record's own merged sampling (None each without a sampling column). The
@@ -214,5 +225,7 @@ class RequestFeed:
         pending.tries += 1
         again = next(self._keys)
         self.in_flight[again] = pending
-        self._again.append(EngineRequest(again, pending.token_ids, pending.sampling))
+        self._again.append(
+            EngineRequest(again, pending.token_ids, pending.sampling, pending.adapter)
+        )
         return True

@@ -277,7 +277,7 @@ class ShardRunner:
         )
         self.totals.count(not_sent(row) if cached else row, ok)
         if self.cache is not None:
-            self.cache.store(pending.token_ids, result, pending.sampling)
+            self.cache.store(pending.token_ids, result, pending.sampling, pending.adapter)
         id_column = self.spec.input.id_column
         for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
             (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk

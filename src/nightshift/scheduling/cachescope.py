@@ -32,14 +32,20 @@ def cacheable(sampling: Sampling) -> bool:
     return deterministic(sampling) and sampling.n == 1 and sampling.logprobs is None
 
 
-def cache_scope(fingerprint_inputs: dict[str, Any], sampling: Sampling) -> dict[str, Any]:
+def cache_scope(
+    fingerprint_inputs: dict[str, Any], sampling: Sampling, adapter: str | None = None
+) -> dict[str, Any]:
     """The fingerprint's model and engine entries and the sampling the engine is given,
-    guided-decoding constraint included. Template and task are left out: the token ids
-    are the rendered prompt, and rows are parsed from the cached text by each job's task."""
-    return {
+    guided-decoding constraint included, and a request's LoRA adapter by its content.
+    Template and task are left out: the token ids are the rendered prompt, and rows are
+    parsed from the cached text by each job's task."""
+    scope = {
         **{k: fingerprint_inputs.get(k) for k in SCOPE_KEYS},
         "sampling": _sampling_dump(sampling),
     }
+    if adapter is not None:  # base-model answers keep the scope they had before adapters
+        scope["adapter"] = (fingerprint_inputs.get("model.adapters") or {}).get(adapter, adapter)
+    return scope
 
 
 def _sampling_dump(sampling: Sampling) -> dict[str, Any]:

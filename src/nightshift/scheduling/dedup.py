@@ -43,7 +43,10 @@ def dedup_applies(spec: JobSpec) -> bool:
 
 
 def prompt_digests(
-    renderer: Renderer, records: pl.DataFrame, sampling: SamplingColumn | None = None
+    renderer: Renderer,
+    records: pl.DataFrame,
+    sampling: SamplingColumn | None = None,
+    adapter_column: str | None = None,
 ) -> pl.Series:
     """The exact-repeat key of every record: a digest of its prompt pieces, the very text
     the plan measures and the run encodes, and with ``sampling`` its own merged sampling
@@ -56,6 +59,8 @@ def prompt_digests(
     pieces = [p.to_list() for p in renderer.pieces(records.filter(~bad))]
     if own is not None:  # the same prompt under other settings is another request
         pieces.append(own.filter(~bad).to_list())
+    if adapter_column is not None:  # ... and under another adapter (null: the base)
+        pieces.append([f"adapter:{a}" for a in records.filter(~bad)[adapter_column].to_list()])
     digests = iter([_digest(parts) for parts in zip(*pieces, strict=True)])
     return pl.Series(DIGEST, [None if b else next(digests) for b in bad.to_list()], dtype=pl.Binary)
 
@@ -152,7 +157,9 @@ def with_digests(
     records: pl.DataFrame,
     where: pl.DataFrame,
     sampling: SamplingColumn | None = None,
+    spec: JobSpec | None = None,
 ) -> pl.DataFrame:
     """``keys`` (one input batch's plan keys) with each record's exact-repeat key."""
-    digests = where.with_columns(prompt_digests(renderer, records, sampling))
+    column = spec.input.adapter_column if spec is not None else None
+    digests = where.with_columns(prompt_digests(renderer, records, sampling, column))
     return keys.join(digests, on=["_file", "_row"], how="left")

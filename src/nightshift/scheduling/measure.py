@@ -26,6 +26,7 @@ from nightshift.errors import RecordError
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
+from nightshift.scheduling.adapters import ADAPTER, adapter_problems, salted
 from nightshift.scheduling.budget import TailEstimate, over_length_reason
 from nightshift.scheduling.render import prompt_text, renderer_for, rows
 from nightshift.scheduling.sharing import chunk_bytes, chunk_keys, common_length, cut_pieces
@@ -42,6 +43,7 @@ class RecordMeasurer:
         self.id_column = spec.input.id_column
         self.answer = answer_budget(spec)
         self.sampling = sampling_column(spec)  # per-record sampling, or None
+        self.spec = spec
         self.limit = spec.model.max_model_len
         self.chunk = chunk_bytes(block_size)
         self.tail: TailEstimate | None = None
@@ -63,6 +65,7 @@ class RecordMeasurer:
         ``_row``, row for row. The two stay apart so no input column name can meet a key's."""
         no_id = batch[self.id_column].is_null()
         problems, answers = self._sampling_problems(batch, self.renderer.problems(batch))
+        problems = _first_problem(problems, adapter_problems(self.spec, batch))
         verdict = problems.with_columns(
             pl.when(no_id).then(pl.lit("null_id")).otherwise("reject_kind").alias("reject_kind"),
             pl.when(no_id)
@@ -119,6 +122,10 @@ class RecordMeasurer:
             pieces[-2].str.len_bytes().cast(pl.Int64).alias("_tail_bytes"),
             chunk_keys(text, self.chunk).alias("_chunks"),
         )
+        column = self.spec.input.adapter_column
+        if column is not None:  # scheduling.adapters: no prefix is shared across adapters
+            adapters = records[column].alias(ADAPTER)
+            keys = keys.with_columns(adapters, salted(keys["_chunks"], adapters))
         return self._tokens(keys, pieces)
 
     def _note_start(self, pieces: list[pl.Series], text: pl.Series) -> None:
@@ -226,3 +233,15 @@ class RecordMeasurer:
                 ],
             )
         return keys.with_columns(kind, reason).drop("_answer")
+
+
+def _first_problem(problems: pl.DataFrame, more: list[tuple]) -> pl.DataFrame:
+    """``problems`` with ``more`` filled in where a record has none yet."""
+    if not any(kind for kind, _ in more):
+        return problems
+    first = zip(problems["reject_kind"].to_list(), problems["reason"].to_list(), strict=True)
+    verdicts = [(k, r) if k else m for (k, r), m in zip(first, more, strict=True)]
+    return pl.DataFrame(
+        {"reject_kind": [k for k, _ in verdicts], "reason": [r for _, r in verdicts]},
+        schema={"reject_kind": pl.String, "reason": pl.String},
+    )

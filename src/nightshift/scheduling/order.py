@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nightshift.scheduling.adapters import ADAPTER
+
 
 def level_names(levels: int) -> tuple[list[str], list[str]]:
     """The hash columns h1..hL and prefix-token columns p0..pL of ``levels`` levels."""
@@ -118,6 +120,8 @@ def order_records(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
         descending += [True, False]
     by += ["tokens", "record_id"]
     descending += [True, False]
+    if ADAPTER in frame.columns:  # one adapter's records, then the next's (base last)
+        by, descending = [ADAPTER, *by], [False, *descending]
     ordered = frame.sort(by, descending=descending, nulls_last=True)
     ordered = ordered.drop([f"_longest{j}" for j in range(1, levels + 1)])
     return ordered.with_row_index("position")

@@ -90,6 +90,8 @@ def job_columns(spec: JobSpec) -> dict[str, str]:
         needed.setdefault(col, spec.prompt.source_key())
     if spec.input.sampling_column is not None:
         needed.setdefault(spec.input.sampling_column, "input.sampling_column")
+    if spec.input.adapter_column is not None:
+        needed.setdefault(spec.input.adapter_column, "input.adapter_column")
     if spec.eval is not None:  # kept in the results for the report's eval, never prompted
         needed.setdefault(spec.eval.column, spec.eval.key)
     return needed
@@ -111,7 +113,16 @@ def open_job_input(spec: JobSpec) -> tuple[ds.FileSystemDataset, list[str]]:
         check_messages_type(dataset, spec.prompt.messages_column)
     if spec.input.sampling_column is not None:
         check_sampling_type(dataset, spec.input.sampling_column)
+    if spec.input.adapter_column is not None:
+        check_text_type(dataset, spec.input.adapter_column, "input.adapter_column")
     return dataset, list(needed)
+
+
+def check_text_type(dataset: ds.FileSystemDataset, column: str, key: str) -> None:
+    """A column of names must hold text (or only nulls)."""
+    kind = dataset.schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise SpecError(key, f"column {column!r} is {kind}, not text", "give adapter names")
 
 
 def check_sampling_type(dataset: ds.FileSystemDataset, column: str) -> None:
@@ -224,7 +235,9 @@ def _measure_input(
             if frame.height:
                 part = measurer.measure(frame, where)
                 if digests:  # dedup: each record's exact-repeat key
-                    part = with_digests(part, measurer.renderer, frame, where, measurer.sampling)
+                    part = with_digests(
+                        part, measurer.renderer, frame, where, measurer.sampling, measurer.spec
+                    )
                 parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)

@@ -1,0 +1,102 @@
+"""One LoRA adapter per record (``model.adapters``, ``input.adapter_column``) on the fake
+engine: the plan orders by adapter, then prefix; unknown names are rejected; dedup and
+the cache keep adapters apart; a changed adapter is refused on resume. The real engine
+is in tests/test_adapters_engine.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from nightshift.cli import app
+from nightshift.demo.adapters import build_lora_adapter
+from nightshift.errors import SpecErrors
+from nightshift.jobs.loading import validate_spec
+from nightshift.running.lora import lora_arguments
+
+from .conftest import spec_dict, write_records
+
+runner = CliRunner()
+NAMES = ["a", "b", None, "a", "b", None, "nope"]
+
+
+def adapter_job(models, tmp_path: Path, names=NAMES, bodies: int = 4, **sections) -> dict:
+    base = models["chat"]
+    adapters = {n: str(build_lora_adapter(base, tmp_path / f"lora-{n}", seed=i))
+                for i, n in enumerate(["a", "b"])}  # fmt: skip
+    rows = [
+        {"ticket_id": f"T{i:03d}", "subject": "s", "body": f"body {i % bodies}", "lora": name}
+        for i, name in enumerate(names * 3)
+    ]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    data = spec_dict(base, inputs, tmp_path / "out", task={"kind": "generate"}, **sections)
+    data["model"] = {**data["model"], "adapters": adapters}
+    data["input"] = {**data["input"], "adapter_column": "lora", "keep_columns": ["lora"]}
+    return data
+
+
+def run(spec: Path) -> str:
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_records_run_under_their_own_adapter_in_adapter_order(models, tmp_path, write_spec):
+    data = adapter_job(models, tmp_path)
+    run(write_spec(data))
+    out = tmp_path / "out"
+    rows = pl.read_parquet(out / "results" / "*.parquet")
+    rejects = pl.read_parquet(out / "rejects.parquet")
+    assert rejects["reject_kind"].to_list() == ["unknown_adapter"] * 3
+    assert "adapter 'nope' is not in model.adapters (a, b)" in rejects["reason"][0]
+    assert rows.height == 18
+    # the same body under a, b and the base model: three answers, none a copy of another
+    by = {(r["body_of"], r["lora"]): r for r in _with_body(rows).iter_rows(named=True)}
+    for body in ("body 0", "body 1"):
+        texts = {by[(body, name)]["text"] for name in ("a", "b", None) if (body, name) in by}
+        assert len(texts) == len([n for n in ("a", "b", None) if (body, n) in by]) > 1
+    # repeats within one adapter are answered once
+    copies = rows.filter(pl.col("answered_from").is_not_null())
+    original = rows.select("ticket_id", pl.col("lora").alias("from_lora"))
+    joined = copies.join(original, left_on="answered_from", right_on="ticket_id")
+    assert joined.height > 0 and joined["lora"].to_list() == joined["from_lora"].to_list()
+    # the plan walks one adapter's records, then the next's: each adapter one run
+    plan = pl.read_parquet(out / "plan" / "records.parquet").sort("position")
+    order = plan.join(rows.select("ticket_id", "lora"), left_on="record_id", right_on="ticket_id")
+    names = order.sort("position")["lora"].to_list()
+    runs = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
+    assert runs == ["a", "b", None]
+
+
+def _with_body(rows: pl.DataFrame) -> pl.DataFrame:
+    number = pl.col("ticket_id").str.slice(1).cast(pl.Int64)
+    return rows.with_columns(pl.format("body {}", number % 4).alias("body_of"))
+
+
+def test_a_changed_adapter_is_refused_on_resume(models, tmp_path, write_spec):
+    data = adapter_job(models, tmp_path)
+    spec = write_spec(data)
+    run(spec)
+    build_lora_adapter(models["chat"], Path(data["model"]["adapters"]["a"]), seed=9)
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake"])
+    assert result.exit_code != 0 and "model.adapters" in result.output
+
+
+def test_adapter_settings_and_mistakes(models, tmp_path):
+    data = adapter_job(models, tmp_path)
+    spec = validate_spec(data)
+    assert lora_arguments(spec) == {
+        "enable_lora": True, "max_loras": 3, "max_cpu_loras": 3, "max_lora_rank": 8,
+    }  # fmt: skip
+    no_adapters = {**data, "model": {k: v for k, v in data["model"].items() if k != "adapters"}}
+    with pytest.raises(SpecErrors, match="input.adapter_column: no adapters"):
+        validate_spec(no_adapters)
+    missing = {**data, "model": {**data["model"], "adapters": {"x": str(tmp_path)}}}
+    with pytest.raises(SpecErrors, match="holds no adapter_config.json"):
+        validate_spec(missing)
+    config = json.loads((Path(data["model"]["adapters"]["a"]) / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 8
