@@ -100,3 +100,36 @@ def test_adapter_settings_and_mistakes(models, tmp_path):
         validate_spec(missing)
     config = json.loads((Path(data["model"]["adapters"]["a"]) / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8
+
+
+def test_batch_requests_name_their_adapter_by_model(models, tmp_path):
+    from openai.types.chat import ChatCompletion
+
+    from nightshift.batch.run import run_batch
+
+    lora = str(build_lora_adapter(models["chat"], tmp_path / "lora-support", seed=3))
+    messages = [{"role": "user", "content": "Where is my refund?"}]
+    items = [
+        {"custom_id": f"{m}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": m, "messages": messages, "max_tokens": 6, "temperature": 0}}
+        for m in ("demo", "support", "other")
+    ]  # fmt: skip
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(x) + "\n" for x in items))
+    done = run_batch(str(source), str(out), model=str(models["chat"]), served_names=["demo"],
+                     overrides=["run.engine=fake"], adapters={"support": lora})  # fmt: skip
+    assert (done.completed, done.failed) == (2, 1)
+    bodies = {
+        x["custom_id"]: ChatCompletion.model_validate(x["response"]["body"])
+        for x in map(json.loads, out.read_text().splitlines())
+    }
+    assert bodies["support"].model == "support" and bodies["demo"].model == "demo"
+    assert bodies["support"].choices[0].message.content != bodies["demo"].choices[0].message.content
+    [refused] = map(json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())
+    assert refused["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_the_server_lists_and_serves_its_adapters(serve, models, tmp_path):
+    lora = build_lora_adapter(models["chat"], tmp_path / "lora-x", seed=4)
+    server = serve("--set", "run.engine=fake", "--adapter", f"support={lora}")
+    assert [m.id for m in server.openai().models.list()] == ["demo", "support"]

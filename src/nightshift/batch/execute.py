@@ -34,10 +34,13 @@ class ServeSettings:
     max_lines: int = 50_000
     public_url: str | None = None  # the base of links handed out; else the bind address
     expire_after_s: int = DAY_S  # a batch's completion window (the providers': 24 hours)
+    adapters: dict[str, str] = field(default_factory=dict)  # model name -> LoRA folder
 
     def model_names(self) -> list[str]:
-        """The names a request's ``model`` may give (``/v1/models`` lists them)."""
-        return self.served_names or [self.model.rstrip("/").rsplit("/", 1)[-1]]
+        """The names a request's ``model`` may give (``/v1/models`` lists them): the
+        base model's, then the adapters'."""
+        base = self.served_names or [self.model.rstrip("/").rsplit("/", 1)[-1]]
+        return [*base, *self.adapters]
 
 
 def input_uri(batches: BatchStore, record: dict[str, Any]) -> str:
@@ -69,6 +72,7 @@ def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSetti
             overrides=list(settings.overrides),
             work_url=work,
             progress=False,
+            adapters=settings.adapters,
         )
     if outcome.stopped:
         current = batches.batch(record["id"]) or record

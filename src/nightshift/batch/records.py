@@ -34,13 +34,18 @@ SAMPLING_COLUMN = "sampling"
 # What the provider's answer body repeats of its request (an embedding's encoding, a
 # Responses body's instructions and metadata): JSON, read back only by the writer.
 ECHO_COLUMN = "echo"
+ADAPTER_COLUMN = "adapter"  # the LoRA adapter a request's model names (--adapter), or null
 TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
 _BASE = [
     pa.field(ID_COLUMN, pa.string()),
     pa.field("line", pa.int64()),
     pa.field("model", pa.string()),
 ]
-_TAIL = [pa.field(SAMPLING_COLUMN, pa.string()), pa.field(ECHO_COLUMN, pa.string())]
+_TAIL = [
+    pa.field(SAMPLING_COLUMN, pa.string()),
+    pa.field(ECHO_COLUMN, pa.string()),
+    pa.field(ADAPTER_COLUMN, pa.string()),
+]
 SCHEMAS = {
     "messages": pa.schema([*_BASE, pa.field("messages", pa.list_(TURN)), *_TAIL]),
     "prompt": pa.schema([*_BASE, pa.field("prompt", pa.string()), *_TAIL]),
@@ -185,8 +190,15 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def convert(source: Path, parser: LineParser, served: list[str], out: Path) -> Conversion:
-    """Read ``source`` line by line; write the runnable requests to ``out`` (Parquet)."""
+def convert(
+    source: Path,
+    parser: LineParser,
+    served: list[str],
+    out: Path,
+    adapters: frozenset[str] = frozenset(),
+) -> Conversion:
+    """Read ``source`` line by line; write the runnable requests to ``out`` (Parquet).
+    A request whose model is one of ``adapters`` runs under that LoRA adapter."""
     done = Conversion()
     seen: set[str] = set()
     writer: _Writer | None = None
@@ -194,13 +206,13 @@ def convert(source: Path, parser: LineParser, served: list[str], out: Path) -> C
     with open(source, "rb") as stream:
         for number, raw in numbered_lines(stream, digest):
             done.lines += 1
-            outcome = _one_line(number, raw, parser, served, seen)
+            outcome = _one_line(number, raw, parser, [*served, *sorted(adapters)], seen)
             if isinstance(outcome, BadLine):
                 done.bad.append(outcome)
                 continue
             custom_id, request = outcome
             shape = "messages" if request.messages is not None else "prompt"
-            writer = writer or _Writer(out, shape)
+            writer = writer or _Writer(out, shape, adapters)
             writer.add(custom_id, number, request)
             done.records += 1
     done.sha256 = digest.hexdigest()
@@ -265,8 +277,8 @@ def check_model(model: Any, served: list[str]) -> None:
 
 
 class _Writer:
-    def __init__(self, out: Path, shape: str) -> None:
-        self.shape, self.rows = shape, []
+    def __init__(self, out: Path, shape: str, adapters: frozenset[str] = frozenset()) -> None:
+        self.shape, self.rows, self.adapters = shape, [], adapters
         self.schema = SCHEMAS[shape]
         self.writer = pq.ParquetWriter(out, self.schema, compression="zstd")
 
@@ -282,6 +294,7 @@ class _Writer:
                 self.shape: body,
                 SAMPLING_COLUMN: sampling_json(request.sampling),
                 ECHO_COLUMN: json.dumps(request.echo, ensure_ascii=False) if request.echo else None,
+                ADAPTER_COLUMN: request.model if request.model in self.adapters else None,
             }
         )
         if len(self.rows) >= WRITE_BATCH:

@@ -41,6 +41,7 @@ from nightshift.batch.destinations import (
 from nightshift.batch.openai import EMBEDDINGS, OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import (
+    ADAPTER_COLUMN,
     ID_COLUMN,
     SAMPLING_COLUMN,
     BadLine,
@@ -100,10 +101,13 @@ def run_batch(
     overrides: list[str] | None = None,
     work_url: str | None = None,
     progress: bool = False,
+    adapters: dict[str, str] | None = None,
 ) -> BatchOutcome:
-    """Run one batch file to its output (and errors) file; rerun to resume."""
+    """Run one batch file to its output (and errors) file; rerun to resume. A request
+    whose ``model`` is a key of ``adapters`` runs under that LoRA adapter (a folder)."""
     model_path = _model_folder(model)
     served = list(dict.fromkeys(served_names or [model_path.name]))
+    adapters = check_adapters(adapters or {}, served)
     check_overrides(overrides or [])
     for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
         if url is not None:
@@ -113,13 +117,13 @@ def run_batch(
     work = open_store(work_url)
     with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
         source = _local_input(input_url, Path(tmp))
-        marker = _found(work, source, fmt, served, input_url, work_url)
+        marker = _found(work, source, fmt, served, input_url, work_url, adapters)
         fmt = marker["format"] if marker else _detect(source, input_url, fmt)
         errors_url = _errors_url(fmt, errors_url, output_url)
         given = {"OUTPUT": output_url, "--errors": errors_url}
         claims = _claim(work, marker, given, input_url, work_url)
         if marker is None:
-            marker = _convert(work, source, fmt, served, input_url, Path(tmp), claims)
+            marker = _convert(work, source, fmt, served, input_url, Path(tmp), claims, adapters)
         outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
         outcome.format = marker["format"]
         if marker["records"]:
@@ -187,7 +191,13 @@ def _local_input(input_url: str, tmp: Path) -> Path:
 
 
 def _found(
-    work: ObjectStore, source: Path, fmt: str, served: list[str], input_url: str, work_url: str
+    work: ObjectStore,
+    source: Path,
+    fmt: str,
+    served: list[str],
+    input_url: str,
+    work_url: str,
+    adapters: dict[str, str],
 ) -> dict[str, Any] | None:
     """The work folder's batch.json, checked against this run (same input and settings);
     None for a new batch."""
@@ -196,7 +206,27 @@ def _found(
     except ObjectNotFound:
         return None
     _same_batch(marker, file_digest(source), fmt, served, input_url, work_url)
+    if sorted(marker.get("adapters") or {}) != sorted(adapters):
+        raise UserError(
+            f"--adapter: this batch was read with adapters {sorted(marker.get('adapters') or {})}; "
+            f"remove {work_url} (or give another OUTPUT) to start a new batch"
+        )
+    marker["adapters"] = adapters  # the folders may move; their content is fingerprinted
     return marker
+
+
+def check_adapters(adapters: dict[str, str], served: list[str]) -> dict[str, str]:
+    """--adapter NAME=PATH: each a folder with adapter_config.json, named apart from
+    the served names; the folders as absolute paths."""
+    found = {}
+    for name, path in adapters.items():
+        folder = Path(path).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise UserError(f"--adapter {name}={path}: no adapter_config.json in that folder")
+        if name in served:
+            raise UserError(f"--adapter {name}: the name is the base model's; pick another")
+        found[name] = str(folder.resolve())
+    return found
 
 
 def _claim(
@@ -224,11 +254,12 @@ def _convert(
     input_url: str,
     tmp: Path,
     claims: list[str],
+    adapters: dict[str, str],
 ) -> dict[str, Any]:
     """Convert a new batch's input into the work folder; its batch.json, written last."""
     digest = file_digest(source)
     parser = _parser(fmt)
-    done = convert(source, parser, served, tmp / "records.parquet")
+    done = convert(source, parser, served, tmp / "records.parquet", frozenset(adapters))
     if done.sha256 != digest:
         raise UserError(f"INPUT: {input_url} changed while it was read; run again")
     if done.records:
@@ -248,6 +279,7 @@ def _convert(
         "bad_lines": len(done.bad),
         "created": int(time.time()),
         "destinations": claims,  # the files this batch may replace: those it writes
+        "adapters": adapters,  # --adapter: request model names that run a LoRA adapter
     }
     work.put_bytes(MARKER, json.dumps(marker, indent=2).encode())
     return marker
@@ -342,6 +374,9 @@ def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str])
     }
     if marker["endpoint"] == EMBEDDINGS:
         _as_embeddings(spec, marker)
+    if marker.get("adapters"):  # a request's model names its adapter, as vLLM's server does
+        spec["model"]["adapters"] = marker["adapters"]
+        spec["input"]["adapter_column"] = ADAPTER_COLUMN
     for item in overrides:
         apply_override(spec, item)
     context = spec["model"]["max_model_len"]

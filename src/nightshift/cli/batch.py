@@ -49,6 +49,12 @@ def run(
     work: str = typer.Option(
         None, "--work", help="The batch's working state (default: OUTPUT.nightshift/ beside it)."
     ),
+    adapters: list[str] = typer.Option(
+        None,
+        "--adapter",
+        help="NAME=FOLDER: a LoRA adapter; a request whose model is NAME runs under it "
+        "(repeatable).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Run a batch file through the model; write the provider's output and error lines.
@@ -67,6 +73,7 @@ def run(
             overrides=overrides or None,
             work_url=work,
             progress=not quiet and sys.stderr.isatty(),
+            adapters=adapter_options(adapters or []),
         )
     if outcome.stopped:
         typer.echo(
@@ -81,3 +88,16 @@ def run(
         f"{outcome.total:,} requests; tokens: {outcome.input_tokens:,} in "
         f"({outcome.cached_tokens:,} cached), {outcome.output_tokens:,} out; output: {where}"
     )
+
+
+def adapter_options(items: list[str]) -> dict[str, str]:
+    """--adapter NAME=FOLDER, repeated: name -> folder."""
+    from nightshift.errors import UserError
+
+    found = {}
+    for item in items:
+        name, sep, folder = item.partition("=")
+        if not sep or not name.strip() or not folder.strip():
+            raise UserError(f"--adapter {item!r}: give NAME=FOLDER, e.g. --adapter support=./lora")
+        found[name.strip()] = folder.strip()
+    return found

@@ -11,6 +11,7 @@ import os
 
 import typer
 
+from nightshift.cli.batch import adapter_options
 from nightshift.cli.jobs import user_errors
 from nightshift.pipelines.stops import SignalStop, raising_signals
 
@@ -40,6 +41,12 @@ def serve(
     max_upload_mb: int = typer.Option(200, "--max-upload-mb", min=1, help="Upload size limit."),
     max_upload_lines: int = typer.Option(
         50_000, "--max-upload-lines", min=1, help="Requests per batch limit."
+    ),
+    adapters: list[str] = typer.Option(
+        None,
+        "--adapter",
+        help="NAME=FOLDER: a LoRA adapter; a request whose model is NAME runs under it "
+        "(repeatable; /v1/models lists it).",
     ),
     expire_after_s: int = typer.Option(
         24 * 3600,
@@ -77,6 +84,7 @@ def serve(
         max_bytes=max_upload_mb * 1024 * 1024,
         max_lines=max_upload_lines,
         expire_after_s=expire_after_s,
+        adapters=adapter_options(adapters or []),
         public_url=check_public_url(public_url) if public_url is not None else None,
     )
     typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)
