@@ -18,6 +18,15 @@ batch_app = typer.Typer(
 )
 
 
+# --adapter, as batch run and batch serve take it (adapter_options reads it)
+ADAPTERS = typer.Option(
+    None,
+    "--adapter",
+    help="NAME=FOLDER: a LoRA adapter; a request whose model is NAME runs under it "
+    "(repeatable; batch serve's /v1/models lists it).",
+)
+
+
 @batch_app.command("run")
 @user_errors
 def run(
@@ -49,12 +58,7 @@ def run(
     work: str = typer.Option(
         None, "--work", help="The batch's working state (default: OUTPUT.nightshift/ beside it)."
     ),
-    adapters: list[str] = typer.Option(
-        None,
-        "--adapter",
-        help="NAME=FOLDER: a LoRA adapter; a request whose model is NAME runs under it "
-        "(repeatable).",
-    ),
+    adapters: list[str] = ADAPTERS,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Run a batch file through the model; write the provider's output and error lines.

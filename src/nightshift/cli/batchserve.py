@@ -11,7 +11,7 @@ import os
 
 import typer
 
-from nightshift.cli.batch import adapter_options
+from nightshift.cli.batch import ADAPTERS, adapter_options
 from nightshift.cli.jobs import user_errors
 from nightshift.pipelines.stops import SignalStop, raising_signals
 
@@ -42,12 +42,7 @@ def serve(
     max_upload_lines: int = typer.Option(
         50_000, "--max-upload-lines", min=1, help="Requests per batch limit."
     ),
-    adapters: list[str] = typer.Option(
-        None,
-        "--adapter",
-        help="NAME=FOLDER: a LoRA adapter; a request whose model is NAME runs under it "
-        "(repeatable; /v1/models lists it).",
-    ),
+    adapters: list[str] = ADAPTERS,
     expire_after_s: int = typer.Option(
         24 * 3600,
         "--expire-after",
