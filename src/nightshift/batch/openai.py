@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nightshift.batch.records import BadRequest, Request, validated
+from nightshift.batch.records import INPUT_MARK, BadRequest, Request, validated
 from nightshift.batch.responses import responses_request
 
 CHAT = "/v1/chat/completions"
@@ -95,6 +95,9 @@ class CompletionBody(_Body):
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
+MAX_INPUTS = 2048  # texts in one /v1/embeddings request, as OpenAI allows
+
+
 class EmbeddingBody(BaseModel):
     """A ``/v1/embeddings`` body: one text to embed (``input``), its encoding and size."""
 
@@ -146,6 +149,8 @@ class OpenAIParser:
                 "url",
             )
         if batch.url == EMBEDDINGS:
+            if INPUT_MARK in batch.custom_id:  # it marks one input of a line's several
+                raise BadRequest("custom_id: a NUL character is not allowed", param="custom_id")
             request = self._embedding(batch.body, number)
         elif batch.url == RESPONSES:
             request = responses_request(batch.body)
@@ -171,14 +176,10 @@ class OpenAIParser:
                     "unsupported_parameter",
                     "input",
                 )
-            if len(text) != 1:
-                raise BadRequest(
-                    "input: one text per request (a list of several is not supported; "
-                    "put each text on its own line)",
-                    "unsupported_parameter",
-                    "input",
-                )
-            text = text[0]
+            if not text:
+                raise BadRequest("input: give at least one text", param="input")
+            if len(text) > MAX_INPUTS:
+                raise BadRequest(f"input: at most {MAX_INPUTS} texts per request", param="input")
         if self.dimensions is None:
             self.dimensions = (body.dimensions, number)
         elif body.dimensions != self.dimensions[0]:
@@ -188,7 +189,9 @@ class OpenAIParser:
                 param="dimensions",
             )
         echo = {"encoding_format": body.encoding_format} if body.encoding_format else None
-        return Request(model=body.model, sampling={}, prompt=text, echo=echo)
+        if isinstance(text, str):
+            return Request(model=body.model, sampling={}, prompt=text, echo=echo)
+        return Request(model=body.model, sampling={}, prompt=text[0], echo=echo, inputs=text)
 
 
 def _refuse_unsupported(body: _Body) -> None:

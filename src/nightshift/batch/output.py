@@ -8,13 +8,14 @@ S3), so a reader sees the old file or the new one, never half; ERRORS before OUT
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nightshift.batch.records import ECHO_COLUMN, ID_COLUMN, BadLine, read_lines
+from nightshift.batch.records import ECHO_COLUMN, ID_COLUMN, BadLine, line_id, read_lines
 from nightshift.batch.results import NOT_RUN, Answer, Written, bad_line_answer, dumps, job_answers
 from nightshift.batch.shapes import Context, anthropic_line, openai_line
 from nightshift.io.objectstore import open_store
@@ -27,12 +28,31 @@ def outcomes(
     answers = job_answers(job) if job else {}
     ran: Iterator[tuple[int, str | None, str | None, Answer]] = iter(())
     if records is not None:
-        ran = (
-            (r["line"], r[ID_COLUMN], r["model"], _echoed(answers.get(r[ID_COLUMN]), r))
-            for r in read_lines(records)
-        )
+        ran = _lines(read_lines(records), answers)
     refused = ((b.line, b.custom_id, None, bad_line_answer(b)) for b in bad)
     yield from heapq.merge(ran, refused, key=lambda item: item[0])
+
+
+def _lines(records: Iterable[dict[str, Any]], answers: dict[str, Answer]):
+    """(line, custom_id, model, answer) of each line that ran, its records gathered (a
+    several-input embeddings line is one record per input, ``records.split_inputs``)."""
+    for line, group in itertools.groupby(records, key=lambda r: r["line"]):
+        group = list(group)
+        found = [_echoed(answers.get(r[ID_COLUMN]), r) for r in group]
+        yield line, line_id(group[0][ID_COLUMN]), group[0]["model"], _gathered(found)
+
+
+def _gathered(found: list[Answer]) -> Answer:
+    """One line's answer from its records': the first failure, else one answer whose
+    row sums their usage and lists their embeddings in input order."""
+    failed = next((a for a in found if not a.ok), None)
+    if len(found) == 1 or failed is not None:
+        return failed or found[0]
+    rows = [a.row for a in found]
+    usage = {k: sum(r[k] or 0 for r in rows) for k in ("prompt_tokens", "output_tokens")}
+    merged = {**rows[0], **usage, "cached_tokens": sum(r["cached_tokens"] or 0 for r in rows)}
+    merged["embeddings"] = [r["embedding"] for r in rows]
+    return Answer(True, row=merged, echo=found[0].echo)
 
 
 def _echoed(answer: Answer | None, record: dict[str, Any]) -> Answer:

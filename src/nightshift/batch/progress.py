@@ -86,7 +86,8 @@ class LiveCounts:
             counts = record["request_counts"]
             if record["status"] not in ("in_progress", "cancelling"):
                 return None
-            grown = {k: max(counts[k], v) for k, v in found.items()}
+            # records, not lines (a several-input embeddings line is several): capped
+            grown = {k: min(max(counts[k], v), counts["total"]) for k, v in found.items()}
             return (
                 None
                 if grown.items() <= counts.items()

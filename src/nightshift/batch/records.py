@@ -34,6 +34,9 @@ SAMPLING_COLUMN = "sampling"
 # What the provider's answer body repeats of its request (an embedding's encoding, a
 # Responses body's instructions and metadata): JSON, read back only by the writer.
 ECHO_COLUMN = "echo"
+# /v1/embeddings: a line's several inputs run as records "custom_id" NUL index (a real
+# custom_id holding a NUL is refused in such files); the writer gathers them again.
+INPUT_MARK = "\x00"
 ADAPTER_COLUMN = "adapter"  # the LoRA adapter a request's model names (--adapter), or null
 TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
 _BASE = [
@@ -106,6 +109,7 @@ class Request:
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     echo: dict[str, Any] | None = None  # what the answer's body repeats (ECHO_COLUMN)
+    inputs: list[str] | None = None  # /v1/embeddings: several texts, a record each
 
 
 class LineParser(Protocol):
@@ -213,13 +217,29 @@ def convert(
             custom_id, request = outcome
             shape = "messages" if request.messages is not None else "prompt"
             writer = writer or _Writer(out, shape, adapters)
-            writer.add(custom_id, number, request)
-            done.records += 1
+            for record_id, one in split_inputs(custom_id, request):
+                writer.add(record_id, number, one)
+                done.records += 1
     done.sha256 = digest.hexdigest()
     if writer:
         writer.close()
         done.shape = writer.shape
     return done
+
+
+def split_inputs(custom_id: str, request: Request) -> Iterator[tuple[str, Request]]:
+    """A request's records: itself, or one per input of a several-input embeddings line."""
+    if not request.inputs:
+        yield custom_id, request
+        return
+    for index, text in enumerate(request.inputs):
+        one = Request(request.model, request.sampling, prompt=text, echo=request.echo)
+        yield f"{custom_id}{INPUT_MARK}{index}", one
+
+
+def line_id(record_id: str) -> str:
+    """The custom_id of the line a record comes from (``split_inputs``)."""
+    return record_id.split(INPUT_MARK, 1)[0]
 
 
 def _one_line(

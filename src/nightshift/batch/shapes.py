@@ -90,13 +90,15 @@ def _embedding_body(
 ) -> dict:
     """OpenAI's ``CreateEmbeddingResponse``: one embedding, as floats or, as OpenAI
     encodes them, base64 of little-endian float32."""
-    vector = row["embedding"]
+    vectors = row.get("embeddings") or [row["embedding"]]  # a line of several inputs
     if echo.get("encoding_format") == "base64":
-        vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        vectors = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
     prompt = row["prompt_tokens"]
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)
+        ],
         "model": model,
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
