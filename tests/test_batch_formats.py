@@ -111,7 +111,7 @@ BAD_OPENAI = [
     ({"method": "POST", "url": CHAT, "body": {"messages": USER}}, "missing_custom_id", None),
     (chat(7), "invalid_custom_id", None),
     (chat("ok"), "duplicate_custom_id", "ok"),  # the first "ok" runs
-    (chat("u1", url="/v1/embeddings"), "unsupported_url", "u1"),
+    (chat("u1", url="/v1/audio/speech"), "unsupported_url", "u1"),
     (chat("u2", {"prompt": "x"}, url=COMPLETIONS), "mismatched_url", "u2"),
     ({**chat("m1"), "method": "GET"}, "invalid_request", "m1"),
     (chat("s1", {"messages": USER, "stream": True}), "unsupported_parameter", "s1"),

@@ -88,7 +88,7 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
-    data["run"] = {"chunk_records": 8, "retry_delay_s": [1]}
+    data["run"] = {"chunk_records": 8, "retry_delay_s": [1], "canary": False}
     # Small batches: shard 1's records are not yet in the engine when shard 0 checkpoints.
     data["engine"] = {"max_num_seqs": 8, "extra": {"enforce_eager": True}}
     spec_path = write_spec(data)

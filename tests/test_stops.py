@@ -245,7 +245,7 @@ def test_a_frozen_engine_core_is_killed_and_replaced_and_the_job_completes(
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
-    data["run"] = {"chunk_records": 8, "stall_s": 5}
+    data["run"] = {"chunk_records": 8, "stall_s": 5, "canary": False}
     # Small batches: the later shards' records are still to run when shard 0 commits.
     data["engine"] = {"max_num_seqs": 8, "extra": {"enforce_eager": True}}
     outcome = run_job(validate_spec(data), progress=False)
@@ -269,7 +269,7 @@ def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
     answers exactly the rest."""
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
-    data["run"] = {"chunk_records": 8, "stop_s": 60}
+    data["run"] = {"chunk_records": 8, "stop_s": 60, "canary": False}
     spec = write_spec(data)
     run = start(spec, "-q")
     wait_for(lambda: checkpointed(out), run, timeout=600)
