@@ -39,7 +39,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.artifacts import publish_report
 from nightshift.pipelines.canary import check_canary
 from nightshift.pipelines.direct import run_job
-from nightshift.pipelines.headstart import clock_start
+from nightshift.pipelines.runclock import clock_start
 from nightshift.pipelines.slots import gpu_slot, try_gpu_slot
 from nightshift.pipelines.stops import (
     GracefulStop,

@@ -13,7 +13,7 @@ of its own, about 5 s) and the flow run is created; then the flow imports vLLM (
    the flow starts it early once the slot is held (``pipelines.flow``).
 
 The flow's pool takes the head-started engine over (``EnginePool.start_early``), and
-the run's clock starts here (``clock_start``), so the report counts this time too.
+the run's clock starts here (``runclock.clock_start``), so the report counts this time too.
 A job with nothing left to run, one run by ``--workers``, or one with
 ``run.overlap_startup: false`` gets no head start; an engine no run took is shut down
 when the block ends (the plan failed first).
@@ -26,7 +26,6 @@ import contextlib
 import functools
 import subprocess
 import threading
-import time
 import types
 from collections.abc import Iterator
 from importlib import import_module
@@ -34,24 +33,17 @@ from typing import Any
 
 from nightshift.engines import processes
 from nightshift.jobs.spec import JobSpec
+from nightshift.pipelines.runclock import start_clock, stop_clock
 from nightshift.pipelines.slots import host_takes_slots
 from nightshift.running import engines
 from nightshift.running.canary import canary_pending
 from nightshift.running.runner import work_may_be_left
 
-_clock: float | None = None  # the perf_counter reading the run being set up began at
-
-
-def clock_start() -> float | None:
-    """When the run now starting began, if ``head_start`` set it up (else None)."""
-    return _clock
-
 
 @contextlib.contextmanager
 def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -> Iterator[None]:
     """Within the block (the flow call), the run has a head start; see the module."""
-    global _clock
-    _clock = time.perf_counter()
+    start_clock()
     try:
         server = _boot_temporary_server()
         early = workers == 1 and spec.run.overlap_startup
@@ -64,7 +56,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
             server.join()  # the flow's client must not find a half-started server
         yield
     finally:
-        _clock = None
+        stop_clock()
         engines.drop_head()
 
 
