@@ -10,7 +10,7 @@ vLLM engine per worker), and reads each run's report.json:
   costs, not what it gains. On GPUs each worker brings its own GPU.
 - 1 worker with 4x fewer shards: the time difference over the shard-count difference
   is the per-shard overhead (claim, plan-file read, checkpoint merge, commit, lease),
-  from which the README states the scaling to N GPUs.
+  from which docs/benchmarks.md states the scaling to N GPUs.
 
     .venv/bin/python benchmarks/workers.py [--records 4000] [--shards 16]
 

@@ -1,7 +1,7 @@
-"""The README's scale-out recipe ("On a real cluster"), executed on loopback.
+"""The scale-out recipe of docs/scale-out.md ("On a real cluster"), executed on loopback.
 
 A Prefect process work pool on the session's server, ``prefect worker start`` on it, the
-plan written with ``jobs plan --write``, the README's own ``prefect.yaml`` deployed with
+plan written with ``jobs plan --write``, the page's own ``prefect.yaml`` deployed with
 ``prefect deploy``, and two flow runs started with ``prefect deployment run``. One run is
 SIGKILLed midway while it holds a shard; the other takes that shard over once its lease
 expires, and the job ends with every record exactly once. Nothing here is started by
@@ -32,16 +32,16 @@ from .conftest import spec_dict, write_records
 from .durable import NIGHTSHIFT, assert_exactly_once
 from .test_workers import held_shards, kill_with_children, tickets
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+RECIPE = Path(__file__).resolve().parents[1] / "docs" / "scale-out.md"
 PREFECT = [sys.executable, "-m", "prefect"]
 
 
 def readme_deployment() -> dict:
     """The ``prefect.yaml`` of the README's cluster recipe, as written there."""
-    text = README.read_text()
+    text = RECIPE.read_text()
     recipe = text[text.index("**On a real cluster.**") :]
     block = re.search(r"```yaml\n(.*?)```", recipe, re.S)
-    assert block, "the README's cluster recipe has no prefect.yaml block"
+    assert block, "docs/scale-out.md's cluster recipe has no prefect.yaml block"
     return yaml.safe_load(block.group(1))
 
 

@@ -169,32 +169,6 @@ def test_shipped_configs_validate():
     assert classify.engine.kv_cache_dtype == "fp8" and classify.engine.enable_prefix_caching
 
 
-def _leaf_keys(model, prefix: str = "") -> list[str]:
-    from pydantic import BaseModel
-
-    keys = []
-    for name, field in model.model_fields.items():
-        key = f"{prefix}{field.alias or name}"
-        sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
-            keys += _leaf_keys(sub, key + ".")
-        else:
-            keys.append(key)
-    return keys
-
-
-def test_readme_documents_every_spec_key():
-    from pathlib import Path
-
-    from nightshift.jobs.spec import ClassifyTask, ExtractTask, JobSpec
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    keys = _leaf_keys(JobSpec) + ["task.kind", "task.labels", "task.schema"]
-    keys += _leaf_keys(ClassifyTask, "task.") + _leaf_keys(ExtractTask, "task.")
-    missing = sorted({k for k in keys if k != "task" and f"`{k}`" not in readme})
-    assert missing == []
-
-
 def test_kept_columns_may_not_clash_with_output_columns():
     [err] = errors_for(with_change("input.keep_columns", ["subject", "text"]))
     assert err.key == "input.keep_columns" and "text would clash" in str(err)

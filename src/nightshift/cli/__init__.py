@@ -15,6 +15,7 @@ from nightshift.cli.batch import batch_app
 from nightshift.cli.batchserve import register as register_batch_serve
 from nightshift.cli.cache import cache_app
 from nightshift.cli.evaluate import register as register_eval
+from nightshift.cli.helptext import reflow_help
 from nightshift.cli.jobs import jobs_app
 from nightshift.cli.schedule import schedule_app
 from nightshift.cli.tune import register as register_tune
@@ -36,6 +37,7 @@ app.add_typer(batch_app, name="batch")
 app.add_typer(demo_app, name="demo")
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(cache_app, name="cache")
+reflow_help(app)  # one line per help paragraph: Rich wraps it to the terminal
 
 
 def main() -> None:

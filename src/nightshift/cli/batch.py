@@ -61,8 +61,18 @@ def run(
     adapters: list[str] = ADAPTERS,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Run a batch file through the model; write the provider's output and error lines.
-    Rerun the same command to resume after a kill or a stop."""
+    """Run an OpenAI or Anthropic batch file on a local model, into the provider's format.
+
+    Answers go to OUTPUT and failed requests to ERRORS, in the provider's own line
+    shapes; a bad line is an error line and the batch goes on. Rerun the same command to
+    resume after a kill or a stop.
+
+    Examples:
+
+      nightshift batch run requests.jsonl results.jsonl --model ./models/qwen2.5-7b
+      nightshift batch run in.jsonl out.jsonl --model ./qwen --served-model-name gpt-4o-mini
+      nightshift batch run in.jsonl out.jsonl --model ./qwen --adapter support=./lora/support
+    """
     from nightshift.batch.run import run_batch
     from nightshift.pipelines.stops import overrun_exits
 

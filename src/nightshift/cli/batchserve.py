@@ -58,10 +58,19 @@ def serve(
         show_default=False,
     ),
 ) -> None:
-    """Serve the OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and the Anthropic
-    Message Batches API (/v1/messages/batches). Each batch runs as a nightshift job, one
-    at a time, first in first out; everything lives in --store, so a server killed and
-    started again carries every unfinished batch on where it stopped."""
+    """Serve the OpenAI and Anthropic batch APIs on a local model.
+
+    The OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and the Anthropic Message
+    Batches API (/v1/messages/batches). Each batch runs as a nightshift job, one at a
+    time, first in first out; everything lives in --store, so a server killed and
+    started again carries every unfinished batch on where it stopped. Beyond loopback
+    it needs a key (--api-key or NIGHTSHIFT_API_KEY).
+
+    Example:
+
+      NIGHTSHIFT_API_KEY=... nightshift batch serve --model ./qwen --store s3://bucket/b \
+          --host 0.0.0.0 --public-url http://gpu-box:8000
+    """
     from nightshift.batch.execute import ServeSettings
     from nightshift.batch.http import check_public_url
     from nightshift.batch.server import check_exposure, serve

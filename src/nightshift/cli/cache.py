@@ -18,7 +18,7 @@ PATH = typer.Argument(..., help="The cache: a directory or s3://bucket/prefix.",
 @cache_app.command("stats")
 @user_errors
 def stats(path: str = PATH) -> None:
-    """Entries, bytes, damaged entries and entries of the old layout (never read)."""
+    """Count a response cache's entries, bytes, damaged and old-layout entries."""
     typer.echo(json.dumps(cache_stats(path), indent=2))
 
 
@@ -31,8 +31,14 @@ def prune_cache(
     ),
     keep: int = typer.Option(None, "--keep", min=0, help="Keep only the N newest answers."),
 ) -> None:
-    """Delete damaged entries and those of the old layout, and others by age or count.
-    Only keys shaped like entries are touched: other files under responses/ stay."""
+    """Trim a response cache by age or count; damaged and old-layout entries always go.
+
+    Only keys shaped like entries are touched: other files under responses/ stay.
+
+    Example:
+
+      nightshift cache prune s3://bucket/cache --older-than-days 30
+    """
     seconds = older_than_days * 86400 if older_than_days is not None else None
     deleted = prune(path, older_than_s=seconds, keep=keep)
     typer.echo(f"deleted {deleted} entries from {path}")

@@ -34,9 +34,16 @@ def evaluate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
-    """Score a finished output's committed answers against held-out labels joined on the
-    id: accuracy, macro F1 and the confusion matrix (classify), valid JSON and per-field
-    exact match (extract), exact match and chrF (generate). Writes OUTPUT/eval.json."""
+    """Score a finished job's answers against held-out labels, joined on the id.
+
+    Accuracy, macro F1 and the confusion matrix (classify), valid JSON and per-field
+    exact match (extract), exact match and chrF (generate). Writes OUTPUT/eval.json.
+
+    Example:
+
+      nightshift jobs eval out/classify-tickets --labels gold.parquet \
+          --id-column ticket_id --label-column label
+    """
     from nightshift.evaluation.quality import evaluate_output
     from nightshift.reports.quality import quality_summary_lines, quality_table_lines
 

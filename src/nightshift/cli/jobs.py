@@ -61,12 +61,21 @@ def run(
         1, "--workers", min=1, help="Run the shards in N worker processes, one engine each."
     ),
 ) -> None:
-    """Run a job as a Prefect flow: plan, generate with vLLM, write results and the
-    report. Rerun the same command to resume (committed shards are skipped, partial ones
-    continue) and to add records new in the input. Reports to PREFECT_API_URL when set,
-    else to a temporary local Prefect server. SIGTERM, Ctrl-C or a Prefect cancellation
-    stop it gracefully (answers held are checkpointed, the report is marked stopped) with
-    exit code 3 within run.stop_s; a second signal exits at once."""
+    """Run a job: plan it, generate with vLLM, write the results and the report.
+
+    The job runs as a Prefect flow, reported to PREFECT_API_URL when set, else to a
+    temporary local Prefect server. Rerun the same command to resume (committed shards
+    are skipped, partial ones continue) and to add records new in the input. SIGTERM,
+    Ctrl-C or a Prefect cancellation stop it gracefully (answers held are checkpointed,
+    the report is marked stopped) with exit code 3 within run.stop_s; a second signal
+    exits at once.
+
+    Examples:
+
+      nightshift jobs run configs/classify.yaml
+      nightshift jobs run job.yaml --set sampling.max_tokens=16 --set run.canary=false
+      nightshift jobs run job.yaml --new-run     # a fresh output beside a different job's
+    """
     from nightshift.jobs.loading import load_spec
     from nightshift.pipelines.local import run_flow_once
     from nightshift.reports.report import summary_lines
@@ -110,11 +119,13 @@ def work(
     overrides: list[str] = SET,
     worker: str = typer.Option("worker", "--worker", help="A name for this worker's runs."),
 ) -> None:
-    """Join a job as one more worker: claim its uncommitted shards one at a time and run
-    them on one engine, until every shard is committed. Start as many as you have GPUs,
-    on any machine that reaches the output; the job must be planned first. SIGTERM,
-    Ctrl-C or a Prefect cancellation stop it gracefully, releasing its shards' leases
-    (exit code 3)."""
+    """Join a planned job as one more worker, on one engine.
+
+    The worker claims the job's uncommitted shards one at a time and runs them until
+    every shard is committed. Start as many as you have GPUs, on any machine that reaches
+    the output; plan the job first (jobs plan --write). SIGTERM, Ctrl-C or a Prefect
+    cancellation stop it gracefully, releasing its shards' leases (exit code 3).
+    """
     from nightshift.io.leases import check_worker_id
     from nightshift.jobs.loading import load_spec
     from nightshift.pipelines.local import run_worker
@@ -132,7 +143,7 @@ def status(
     output: str = typer.Argument(..., help="A job's output.path (directory or s3:// prefix)."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """Shards done, partly done and failed; records ok, rejected and failed."""
+    """Show a job's progress: shards done, partly done and failed; records by state."""
     from nightshift.jobs.status import output_status, status_text
 
     state = output_status(output)
@@ -145,7 +156,7 @@ def export(
     output: str = typer.Argument(..., help="A job's output.path."),
     destination: str = typer.Argument(..., help="The Parquet file to write (local or s3://)."),
 ) -> None:
-    """Write the committed results as one merged Parquet file."""
+    """Write a job's committed results as one merged Parquet file (local or S3)."""
     from nightshift.jobs.status import export_results
 
     target, rows = export_results(output, destination)
@@ -165,9 +176,18 @@ def plan(
     gpus: int = typer.Option(None, min=1, help="GPUs for the prediction (default: cost.gpus)."),
     output_tokens: int = typer.Option(None, min=1, help="Expected output tokens per record."),
 ) -> None:
-    """Dry run, no engine: records, prompt tokens, over-length records, shards, predicted
-    prefix reuse in planned and input order, projected cost; with --gpu, predicted
-    throughput, time, cost and the binding limit."""
+    """Plan a job without an engine, and show what it will do and cost.
+
+    Records, prompt tokens, rejects by kind, shards, the predicted prefix reuse in
+    planned and input order, and the projected cost; with --gpu, the predicted
+    throughput, time, cost and binding limit on that GPU.
+
+    Examples:
+
+      nightshift jobs plan job.yaml
+      nightshift jobs plan job.yaml --gpu h100 --gpus 8 --output-tokens 200
+      nightshift jobs plan job.yaml --write      # write the plan for workers to run
+    """
     from nightshift.jobs.loading import load_spec
     from nightshift.scheduling.dryrun import plan_summary, summary_text
 

@@ -21,8 +21,11 @@ SPECS = typer.Argument(
 @schedule_app.command("serve")
 @user_errors
 def serve(directory: Path = SPECS) -> None:
-    """Serve one Prefect deployment per scheduled spec from this process, and run each
-    job when its cron comes. Stop with Ctrl-C. Reports to PREFECT_API_URL."""
+    """Run the scheduled specs in a folder from this process, each when its cron comes.
+
+    One Prefect deployment per spec with a schedule section, served from this process;
+    stop with Ctrl-C. Reports to PREFECT_API_URL.
+    """
     from nightshift.pipelines.local import prefect_defaults
     from nightshift.pipelines.stops import python_signal_defaults
 
@@ -39,8 +42,11 @@ def deploy(
     directory: Path = SPECS,
     pool: str = typer.Option(..., "--pool", help="The Prefect work pool whose workers run them."),
 ) -> None:
-    """Register one deployment per scheduled spec with a work pool (production: Prefect
-    workers on the GPU machines run the jobs)."""
+    """Register the scheduled specs in a folder with a Prefect work pool.
+
+    One deployment per spec with a schedule section; Prefect workers on the GPU
+    machines (prefect worker start --pool POOL) run the jobs.
+    """
     from nightshift.pipelines.local import prefect_defaults
 
     prefect_defaults(quiet=False)

@@ -47,10 +47,18 @@ def tune(
         help="Predict each candidate's binding limit for this GPU (default: this machine's).",
     ),
 ) -> None:
-    """Measure candidate settings on a sample of the job's records: tokens/s, cost and
-    agreement with the reference answers (KV cache in the model's dtype, no speculation),
-    plus accuracy with eval. Writes tune.json, tune.md and tune.png; --write writes the
-    fastest setting whose agreement is at least --min-agreement."""
+    """Measure candidate settings on a sample of the job's records and pick one.
+
+    Per candidate: tokens/s, cost, the binding limit, and agreement with the reference
+    answers (KV cache in the model's dtype, no speculation), plus accuracy with eval.
+    Writes tune.json, tune.md and tune.png; --write writes the spec with the fastest
+    setting whose agreement is at least --min-agreement.
+
+    Examples:
+
+      nightshift jobs tune job.yaml --write tuned.yaml
+      nightshift jobs tune job.yaml --try model.path=./small,./large --no-defaults
+    """
     from tqdm import tqdm
 
     from nightshift.console import screen

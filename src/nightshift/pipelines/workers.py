@@ -8,7 +8,7 @@ engine through one feeding loop (``running.feeding``), so the next shard's recor
 the batch before the current one commits. Workers never talk to each other; the object
 store is the only shared state, so they may run anywhere that reaches the output: N processes on one
 machine (``jobs run --workers N``), or N flow runs of a deployment on a Kubernetes or
-other work pool, one pod per GPU (see the README, "Scale-out").
+other work pool, one pod per GPU (see docs/scale-out.md).
 
 A worker that dies stops renewing its lease; once it expires (``run.lease_s``) another
 worker takes the shard over and continues from its checkpoints. The commit marker, a
