@@ -332,3 +332,18 @@ def test_the_weights_dtype_can_be_set_like_the_engine(models, tmp_path):
     assert outcome.completed == 3
     job = yaml.safe_load((Path(outcome.work) / "job.yaml").read_text())
     assert job["model"]["dtype"] == "float32"
+
+
+def test_a_linked_model_folder_is_served_under_the_name_given(models, tmp_path):
+    """``--model ./model`` serves ``model`` even when ./model links to a folder named
+    otherwise (README's first batch file does this with the demo's SmolLM2)."""
+    link = tmp_path / "model"
+    link.symlink_to(models["chat"], target_is_directory=True)
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    unnamed = chat_line("b", "hi")
+    del unnamed["body"]["model"]
+    lines = [chat_line("a", "hello", model="model"), unnamed]
+    source.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    outcome = run_batch(str(source), str(out), model=str(link), overrides=["run.engine=fake"])
+    assert (outcome.completed, outcome.failed) == (2, 0)
+    assert [x["response"]["body"]["model"] for x in read_jsonl(out)] == ["model", "model"]

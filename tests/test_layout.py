@@ -121,3 +121,16 @@ def test_only_one_package_imports_each_framework(library, home):
         if _package(m) != home and any(d.split(".")[0] == library for d in deps)
     )
     assert not outside, f"{library} imported outside {home}/: {outside}"
+
+
+def test_no_function_in_batch_is_longer_than_40_lines():
+    """A batch/ function reads in one screen: route handlers are one per endpoint, the
+    routers only wire them, and long shapes are split into named parts."""
+    too_long = []
+    for path in sorted((SRC / "batch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines >= 40:
+                    too_long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} {lines}")
+    assert not too_long, "functions of 40 lines or more: " + ", ".join(too_long)

@@ -10,6 +10,8 @@ import pytest
 from matplotlib.image import imread
 
 from nightshift.reports.chart import (
+    _draw,
+    chart_bands,
     chart_png_bytes,
     throughput_over_time,
     write_chart,
@@ -264,3 +266,36 @@ def test_no_chart_without_a_timeline(report, tmp_path):
     assert "![" not in report_markdown(report)
     del report["timeline"]
     assert chart_png_bytes(report) is None
+
+
+def legend_labels(report: dict) -> list[str]:
+    """The records panel's legend entries, as drawn."""
+    return [t.get_text() for t in _draw(report).axes[0].get_legend().get_texts()]
+
+
+def test_chart_shows_engine_start_up_as_a_band_beside_planning(report):
+    report["time_s"]["prepare"] = 2.0  # planning begins after nightshift's own start-up
+    report["timeline"]["engine_startups"] = [
+        {"began_s": 0.5, "ready_s": 40.0},  # two workers' engines, starting together
+        {"began_s": 1.0, "ready_s": 46.0},
+        {"began_s": 150.0, "ready_s": 170.0},  # a restart after a crash
+        {"began_s": 200.0, "ready_s": 200.0},  # no time: nothing to draw
+    ]
+    assert chart_bands(report) == [
+        {"label": "planning", "start_s": 2.0, "end_s": 22.0},
+        {"label": "engine start-up", "start_s": 0.5, "end_s": 46.0},
+        {"label": "engine start-up", "start_s": 150.0, "end_s": 170.0},
+    ]
+    assert legend_labels(report) == ["planning", "engine start-up", "records/s"]
+    assert imread(io.BytesIO(chart_png_bytes(report))).shape[:2] == (900, 1000)
+
+
+def test_a_report_without_engine_start_ups_draws_planning_alone(report, old_report):
+    assert "engine_startups" not in report["timeline"]  # a report.json from before them
+    assert chart_bands(report) == [{"label": "planning", "start_s": 0.0, "end_s": 20.0}]
+    assert legend_labels(report) == ["planning", "records/s"]
+    assert chart_png_bytes(report).startswith(PNG_MAGIC)
+    assert chart_bands(old_report) == chart_bands(report)
+    report["time_s"]["plan"] = 0.0
+    assert chart_bands(report) == []
+    assert legend_labels(report) == ["records/s"]

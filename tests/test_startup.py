@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from nightshift.errors import SpecError
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
 from nightshift.reports.assemble import startup_seconds
+from nightshift.reports.chart import chart_bands
 
 from .conftest import spec_dict, write_records
 
@@ -63,6 +65,24 @@ def test_the_engine_starts_while_the_plan_is_built(models, ticket_dir, tmp_path,
     parts = plan_written + t["engine_startup"] - t["startup_during_plan"] + t["generate"]
     assert parts + t["wrap_up"] == pytest.approx(t["total"], abs=0.05)
     assert report["records"]["ok"] == 120
+
+
+def test_report_json_says_when_the_engine_began_starting_and_was_ready(
+    models, ticket_dir, tmp_path, slow_start
+):
+    out = tmp_path / "out"
+    began = time.perf_counter()
+    run_job(validate_spec(spec_dict(models["chat"], ticket_dir, out)), progress=False)
+    ((build_began, build_ended),) = slow_start
+    report = json.loads((out / "report.json").read_text())
+    (startup,) = report["timeline"]["engine_startups"]
+    assert startup["began_s"] == pytest.approx(build_began - began, abs=0.2)
+    assert startup["ready_s"] == pytest.approx(build_ended - began, abs=0.2)
+    drawn = [b for b in chart_bands(report) if b["label"] == "engine start-up"]
+    assert drawn == [
+        {"label": "engine start-up", "start_s": startup["began_s"], "end_s": startup["ready_s"]}
+    ]
+    assert (out / "report.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_overlap_startup_false_starts_the_engine_only_after_the_plan(

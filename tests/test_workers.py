@@ -108,6 +108,7 @@ def test_two_local_workers_share_the_shards_on_the_fake_engine(models, tmp_path,
     figures = report(str(out))
     assert figures["shards"]["complete"] and figures["shards"]["count"] >= 8
     assert figures["this_run"]["engine_starts"] == 2
+    assert len(figures["timeline"]["engine_startups"]) == 2  # each worker's, on one clock
     assert figures["this_run"]["records_answered"] == 120
     assert figures["timeline"]["samples"][-1]["records"] == 120
     assert figures["tail_s"] is not None and figures["tail_s"] >= 0

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from nightshift.batch.http import ApiError, public_base_url
+from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
-from nightshift.batch.state import ServerState
+from nightshift.batch.state import ServerState, Shared, require_key
 from nightshift.batch.store import UNFINISHED, new_id, valid_id
 
 _CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -35,73 +35,76 @@ _PROCESSING = {
 }
 
 
-def anthropic_router(state: ServerState) -> APIRouter:
-    router = APIRouter(prefix="/v1/messages/batches", dependencies=[state.auth])
-    settings = state.settings
-    base = public_base_url(settings.host, settings.port, settings.public_url)
-
-    @router.post("")
-    async def create(request: Request) -> dict:
-        body = await state.json_body(request)
-        lines = await run_in_threadpool(
-            _request_lines, body.get("requests"), state.settings.max_lines
-        )
-        batch_id = new_id("msgbatch")
-        data = ("\n".join(lines) + "\n").encode()
-        key = state.batches.input_key(batch_id)  # the store may be a bucket: off the loop
-        await run_in_threadpool(state.batches.store.put_bytes, key, data)
-        window = state.settings.expire_after_s
-        record = new_record("anthropic", batch_id, len(lines), window, endpoint="/v1/messages")
-        await run_in_threadpool(state.batches.put_batch, record)
-        state.queue.wake()
-        return message_batch(record, base)
-
-    @router.get("/{batch_id}")
-    def retrieve(batch_id: str) -> dict:
-        return message_batch(_batch(state, batch_id), base)
-
-    @router.get("/{batch_id}/results")
-    def results(batch_id: str) -> StreamingResponse:
-        record = _batch(state, batch_id)
-        if record["status"] in UNFINISHED:
-            raise ApiError(400, f"batch {batch_id} has not ended yet: no results")
-        missing = [
-            f
-            for f in record["results"]
-            if not state.batches.store.exists(state.batches.file_key(f))
-        ]
-        if missing:  # said before the headers: a 200 must carry every line
-            raise ApiError(404, f"the results of batch {batch_id} are missing from the store")
-        return StreamingResponse(_results(state, record), media_type="application/x-jsonl")
-
-    @router.post("/{batch_id}/cancel")
-    def cancel(batch_id: str) -> dict:
-        record = _batch(state, batch_id)
-        if record["status"] not in ("validating", "in_progress", "cancelling"):
-            raise ApiError(409, f"batch {batch_id} has ended: nothing to cancel")
-        record = mark_cancelling(state.batches, batch_id) or record
-        state.queue.cancel(batch_id)
-        return message_batch(state.batches.batch(batch_id) or record, base)
-
-    @router.get("")
-    def list_batches(
-        before_id: str | None = None,
-        after_id: str | None = None,
-        limit: int = 20,
-    ) -> dict:
-        if not 1 <= limit <= 1000:
-            raise ApiError(400, "limit must be between 1 and 1000")
-        ids = state.batches.batch_ids("msgbatch")[::-1]  # keys only: one page of records
-        page, has_more = _page(state, ids, before_id, after_id, limit)
-        data = [message_batch(r, base) for r in page]
-        return {
-            "data": data,
-            "has_more": has_more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        }
-
+def anthropic_router() -> APIRouter:
+    """The Anthropic routes, in the order they are matched; each handler is below."""
+    router = APIRouter(prefix="/v1/messages/batches", dependencies=[Depends(require_key)])
+    for method, path, handler in (
+        ("POST", "", create_batch),
+        ("GET", "/{batch_id}", retrieve_batch),
+        ("GET", "/{batch_id}/results", batch_results),
+        ("POST", "/{batch_id}/cancel", cancel_batch),
+        ("GET", "", list_batches),
+    ):
+        router.add_api_route(path, handler, methods=[method])
     return router
+
+
+async def create_batch(request: Request, state: Shared) -> dict:
+    body = await state.json_body(request)
+    lines = await run_in_threadpool(_request_lines, body.get("requests"), state.settings.max_lines)
+    batch_id = new_id("msgbatch")
+    data = ("\n".join(lines) + "\n").encode()
+    key = state.batches.input_key(batch_id)  # the store may be a bucket: off the loop
+    await run_in_threadpool(state.batches.store.put_bytes, key, data)
+    window = state.settings.expire_after_s
+    record = new_record("anthropic", batch_id, len(lines), window, endpoint="/v1/messages")
+    await run_in_threadpool(state.batches.put_batch, record)
+    state.queue.wake()
+    return message_batch(record, state.base_url)
+
+
+def retrieve_batch(state: Shared, batch_id: str) -> dict:
+    return message_batch(_batch(state, batch_id), state.base_url)
+
+
+def batch_results(state: Shared, batch_id: str) -> StreamingResponse:
+    record = _batch(state, batch_id)
+    if record["status"] in UNFINISHED:
+        raise ApiError(400, f"batch {batch_id} has not ended yet: no results")
+    missing = [
+        f for f in record["results"] if not state.batches.store.exists(state.batches.file_key(f))
+    ]
+    if missing:  # said before the headers: a 200 must carry every line
+        raise ApiError(404, f"the results of batch {batch_id} are missing from the store")
+    return StreamingResponse(_results(state, record), media_type="application/x-jsonl")
+
+
+def cancel_batch(state: Shared, batch_id: str) -> dict:
+    record = _batch(state, batch_id)
+    if record["status"] not in ("validating", "in_progress", "cancelling"):
+        raise ApiError(409, f"batch {batch_id} has ended: nothing to cancel")
+    record = mark_cancelling(state.batches, batch_id) or record
+    state.queue.cancel(batch_id)
+    return message_batch(state.batches.batch(batch_id) or record, state.base_url)
+
+
+def list_batches(
+    state: Shared,
+    before_id: str | None = None,
+    after_id: str | None = None,
+    limit: int = 20,
+) -> dict:
+    if not 1 <= limit <= 1000:
+        raise ApiError(400, "limit must be between 1 and 1000")
+    ids = state.batches.batch_ids("msgbatch")[::-1]  # keys only: one page of records
+    page, has_more = _page(state, ids, before_id, after_id, limit)
+    data = [message_batch(r, state.base_url) for r in page]
+    return {
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
 
 
 def message_batch(record: dict[str, Any], base: str) -> dict[str, Any]:

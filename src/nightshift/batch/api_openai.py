@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -18,134 +18,153 @@ from starlette.datastructures import UploadFile
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.openai import ENDPOINTS
-from nightshift.batch.state import ServerState, count_lines
+from nightshift.batch.state import ServerState, Shared, count_lines, require_key
 from nightshift.batch.store import file_object, new_id, valid_id
 
 _CHUNK = 1 << 20
 
 
-def openai_router(state: ServerState) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[state.auth])
-
-    @router.post("/files")
-    async def upload(request: Request) -> dict:
-        form = await request.form(max_files=1, max_fields=10)
-        purpose, upload = form.get("purpose"), form.get("file")
-        if purpose != "batch":
-            raise ApiError(400, "purpose must be 'batch'", param="purpose")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(400, "a file is required (multipart field 'file')", param="file")
-        file_id = new_id("file")
-        size = await _save_upload(state, upload, file_id)
-        meta = file_object(file_id, size, upload.filename or "upload.jsonl", "batch")
-        await run_in_threadpool(state.batches.put_file_meta, meta)
-        return meta
-
-    @router.get("/files/{file_id}")
-    def file_info(file_id: str) -> dict:
-        return _file(state, file_id)
-
-    @router.get("/files/{file_id}/content")
-    def file_content(file_id: str) -> Response:
-        _file(state, file_id)
-        content = state.batches.file_content(file_id)
-        return Response(content, media_type="application/jsonl")
-
-    @router.get("/files")
-    def list_files(
-        purpose: str | None = None,
-        limit: int = 10_000,
-        order: str = "desc",
-        after: str | None = None,
-    ) -> dict:
-        if not 1 <= limit <= 10_000:
-            raise ApiError(400, "limit must be between 1 and 10000", param="limit")
-        if order not in ("asc", "desc"):
-            raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
-        metas = [m for m in state.batches.files() if purpose in (None, m["purpose"])]
-        return _list_page(metas if order == "asc" else metas[::-1], after, limit, "file")
-
-    @router.delete("/files/{file_id}")
-    def delete_file(file_id: str) -> dict:
-        _file(state, file_id)
-        user = state.batches.delete_file(file_id)
-        if user is not None:
-            raise ApiError(
-                409,
-                f"file {file_id} is needed by batch {user}: a batch's results are kept "
-                "while it exists, its input until it ends",
-                param="file_id",
-                code="file_in_use",
-            )
-        return {"id": file_id, "object": "file", "deleted": True}
-
-    @router.post("/batches")
-    async def create(request: Request) -> dict:
-        body = await state.json_body(request)
-        input_id, endpoint = body.get("input_file_id"), body.get("endpoint")
-        meta = _file(state, input_id, param="input_file_id")
-        if meta["purpose"] != "batch":
-            raise ApiError(400, f"file {input_id} is not a batch input", param="input_file_id")
-        if endpoint not in ENDPOINTS:
-            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
-        if body.get("completion_window", "24h") != "24h":
-            raise ApiError(400, "completion_window must be '24h'", param="completion_window")
-        metadata = _metadata(body.get("metadata"))
-        total = await run_in_threadpool(_count_requests, state, input_id)
-        record = new_record(
-            "openai",
-            new_id("batch"),
-            total,
-            state.settings.expire_after_s,
-            endpoint=endpoint,
-            input_file_id=input_id,
-            completion_window="24h",
-            metadata=metadata,
-        )
-        if not await run_in_threadpool(state.batches.put_batch, record, (input_id,)):
-            raise ApiError(404, f"no such file: {input_id!r}", param="input_file_id")
-        state.queue.wake()
-        return batch_object(record, state)
-
-    @router.get("/batches/{batch_id}")
-    def retrieve(batch_id: str) -> dict:
-        return batch_object(_batch(state, batch_id), state)
-
-    @router.post("/batches/{batch_id}/cancel")
-    def cancel(batch_id: str) -> dict:
-        record = _batch(state, batch_id)
-        if record["status"] not in ("validating", "in_progress", "cancelling"):
-            raise ApiError(409, f"cannot cancel a batch that is {record['status']}")
-        record = mark_cancelling(state.batches, batch_id) or record
-        state.queue.cancel(batch_id)
-        return batch_object(state.batches.batch(batch_id) or record, state)
-
-    @router.get("/batches")
-    def list_batches(after: str | None = None, limit: int = 20) -> dict:
-        if not 1 <= limit <= 100:
-            raise ApiError(400, "limit must be between 1 and 100", param="limit")
-        ids = state.batches.batch_ids("batch")[::-1]  # keys only: one page of records read
-        start = _after(ids, after, "batch")
-        records, has_more = state.batches.read_page(ids[start:], limit)
-        return _page_object([batch_object(r, state) for r in records], has_more)
-
-    @router.get("/models")
-    def models() -> dict:
-        now = int(time.time())
-        data = [
-            {"id": name, "object": "model", "created": now, "owned_by": "nightshift"}
-            for name in state.settings.model_names()
-        ]
-        return {"object": "list", "data": data}
-
-    @router.get("/models/{name:path}")
-    def model(name: str) -> dict:
-        found = [m for m in models()["data"] if m["id"] == name]
-        if not found:
-            raise ApiError(404, f"no such model: {name[:80]!r}", param="model")
-        return found[0]
-
+def openai_router() -> APIRouter:
+    """The OpenAI routes, in the order they are matched; each handler is below."""
+    router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+    for method, path, handler in (
+        ("POST", "/files", upload_file),
+        ("GET", "/files/{file_id}", retrieve_file),
+        ("GET", "/files/{file_id}/content", file_content),
+        ("GET", "/files", list_files),
+        ("DELETE", "/files/{file_id}", delete_file),
+        ("POST", "/batches", create_batch),
+        ("GET", "/batches/{batch_id}", retrieve_batch),
+        ("POST", "/batches/{batch_id}/cancel", cancel_batch),
+        ("GET", "/batches", list_batches),
+        ("GET", "/models", list_models),
+        ("GET", "/models/{name:path}", retrieve_model),
+    ):
+        router.add_api_route(path, handler, methods=[method])
     return router
+
+
+async def upload_file(request: Request, state: Shared) -> dict:
+    form = await request.form(max_files=1, max_fields=10)
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose != "batch":
+        raise ApiError(400, "purpose must be 'batch'", param="purpose")
+    if not isinstance(upload, UploadFile):
+        raise ApiError(400, "a file is required (multipart field 'file')", param="file")
+    file_id = new_id("file")
+    size = await _save_upload(state, upload, file_id)
+    meta = file_object(file_id, size, upload.filename or "upload.jsonl", "batch")
+    await run_in_threadpool(state.batches.put_file_meta, meta)
+    return meta
+
+
+def retrieve_file(state: Shared, file_id: str) -> dict:
+    return _file(state, file_id)
+
+
+def file_content(state: Shared, file_id: str) -> Response:
+    _file(state, file_id)
+    content = state.batches.file_content(file_id)
+    return Response(content, media_type="application/jsonl")
+
+
+def list_files(
+    state: Shared,
+    purpose: str | None = None,
+    limit: int = 10_000,
+    order: str = "desc",
+    after: str | None = None,
+) -> dict:
+    if not 1 <= limit <= 10_000:
+        raise ApiError(400, "limit must be between 1 and 10000", param="limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
+    metas = [m for m in state.batches.files() if purpose in (None, m["purpose"])]
+    return _list_page(metas if order == "asc" else metas[::-1], after, limit, "file")
+
+
+def delete_file(state: Shared, file_id: str) -> dict:
+    _file(state, file_id)
+    user = state.batches.delete_file(file_id)
+    if user is not None:
+        raise ApiError(
+            409,
+            f"file {file_id} is needed by batch {user}: a batch's results are kept "
+            "while it exists, its input until it ends",
+            param="file_id",
+            code="file_in_use",
+        )
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+async def create_batch(request: Request, state: Shared) -> dict:
+    body = await state.json_body(request)
+    input_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+    meta = _file(state, input_id, param="input_file_id")
+    if meta["purpose"] != "batch":
+        raise ApiError(400, f"file {input_id} is not a batch input", param="input_file_id")
+    if endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
+    if body.get("completion_window", "24h") != "24h":
+        raise ApiError(400, "completion_window must be '24h'", param="completion_window")
+    metadata = _metadata(body.get("metadata"))
+    total = await run_in_threadpool(_count_requests, state, input_id)
+    record = new_record(
+        "openai",
+        new_id("batch"),
+        total,
+        state.settings.expire_after_s,
+        endpoint=endpoint,
+        input_file_id=input_id,
+        completion_window="24h",
+        metadata=metadata,
+    )
+    if not await run_in_threadpool(state.batches.put_batch, record, (input_id,)):
+        raise ApiError(404, f"no such file: {input_id!r}", param="input_file_id")
+    state.queue.wake()
+    return batch_object(record, state)
+
+
+def retrieve_batch(state: Shared, batch_id: str) -> dict:
+    return batch_object(_batch(state, batch_id), state)
+
+
+def cancel_batch(state: Shared, batch_id: str) -> dict:
+    record = _batch(state, batch_id)
+    if record["status"] not in ("validating", "in_progress", "cancelling"):
+        raise ApiError(409, f"cannot cancel a batch that is {record['status']}")
+    record = mark_cancelling(state.batches, batch_id) or record
+    state.queue.cancel(batch_id)
+    return batch_object(state.batches.batch(batch_id) or record, state)
+
+
+def list_batches(state: Shared, after: str | None = None, limit: int = 20) -> dict:
+    if not 1 <= limit <= 100:
+        raise ApiError(400, "limit must be between 1 and 100", param="limit")
+    ids = state.batches.batch_ids("batch")[::-1]  # keys only: one page of records read
+    start = _after(ids, after, "batch")
+    records, has_more = state.batches.read_page(ids[start:], limit)
+    return _page_object([batch_object(r, state) for r in records], has_more)
+
+
+def list_models(state: Shared) -> dict:
+    return {"object": "list", "data": _models(state)}
+
+
+def retrieve_model(state: Shared, name: str) -> dict:
+    found = [m for m in _models(state) if m["id"] == name]
+    if not found:
+        raise ApiError(404, f"no such model: {name[:80]!r}", param="model")
+    return found[0]
+
+
+def _models(state: ServerState) -> list[dict[str, Any]]:
+    """The model objects of every name a request may give (``model_names``)."""
+    now = int(time.time())
+    return [
+        {"id": name, "object": "model", "created": now, "owned_by": "nightshift"}
+        for name in state.settings.model_names()
+    ]
 
 
 def batch_object(record: dict[str, Any], state: ServerState) -> dict[str, Any]:

@@ -76,30 +76,47 @@ def finish(
     canceled = _canceled_file(batches, record, results) if how == "cancelled" else None
 
     def change(r: dict[str, Any]) -> dict[str, Any]:
-        r = {**r, "results": results + ([canceled] if canceled else [])}
-        r["canceled_file_id"] = canceled
-        r["output_file_id"] = (
-            record["output_file_id"] if record["output_file_id"] in results else None
-        )
-        r["error_file_id"] = record["error_file_id"] if record["error_file_id"] in results else None
+        r = _with_results(r, record, results, canceled)
         if counts is not None:
-            r["request_counts"] = {
-                "total": counts["total"],
-                "completed": counts["completed"],
-                "failed": counts["failed"],
-            }
-            r["usage"] = {k: counts[f"{k}_tokens"] for k in ("input", "output", "cached")}
-            # of the failed, those its window ended (Anthropic counts them apart)
-            r["expired_requests"] = counts.get("expired", 0)
-        if how.startswith("failed"):
-            message = how.partition(": ")[2] or "the batch failed"
-            r.update(status="failed", failed_at=now)
-            r["errors"] = errors or [{"code": "batch_failed", "message": message}]
-        else:
-            r.update(status=how, **{f"{how}_at": now})
+            _set_counts(r, counts)
+        _set_end(r, how, errors, now)
         return r
 
     batches.update_batch(batch_id, change)
+
+
+def _with_results(
+    r: dict[str, Any], record: dict[str, Any], results: list[str], canceled: str | None
+) -> dict[str, Any]:
+    """``r`` with its result files: those that exist, the canceled one last; an output or
+    error file id only where that file was written."""
+    r = {**r, "results": results + ([canceled] if canceled else [])}
+    r["canceled_file_id"] = canceled
+    r["output_file_id"] = record["output_file_id"] if record["output_file_id"] in results else None
+    r["error_file_id"] = record["error_file_id"] if record["error_file_id"] in results else None
+    return r
+
+
+def _set_counts(r: dict[str, Any], counts: dict) -> None:
+    """The job's final request counts and token usage, into ``r``."""
+    r["request_counts"] = {
+        "total": counts["total"],
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+    }
+    r["usage"] = {k: counts[f"{k}_tokens"] for k in ("input", "output", "cached")}
+    # of the failed, those its window ended (Anthropic counts them apart)
+    r["expired_requests"] = counts.get("expired", 0)
+
+
+def _set_end(r: dict[str, Any], how: str, errors: list[dict[str, Any]] | None, now: int) -> None:
+    """The end status and its time, into ``r``; a failed batch says why in ``errors``."""
+    if how.startswith("failed"):
+        message = how.partition(": ")[2] or "the batch failed"
+        r.update(status="failed", failed_at=now)
+        r["errors"] = errors or [{"code": "batch_failed", "message": message}]
+    else:
+        r.update(status=how, **{f"{how}_at": now})
 
 
 def _result_files(batches: BatchStore, record: dict[str, Any]) -> list[str]:

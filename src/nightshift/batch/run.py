@@ -94,35 +94,59 @@ def run_batch(
 ) -> BatchOutcome:
     """Run one batch file to its output (and errors) file; rerun to resume. A request
     whose ``model`` is a key of ``adapters`` runs under that LoRA adapter (a folder)."""
-    model_path = _model_folder(model)
-    served = list(dict.fromkeys(served_names or [model_path.name]))
-    adapters = check_adapters(adapters or {}, served)
+    model_path, served, adapters = _model_and_names(model, served_names, adapters)
     check_overrides(overrides or [])
-    for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
-        if url is not None:
-            check_destination(option, url)
-    work_url = (work_url or f"{output_url.rstrip('/')}.nightshift").rstrip("/")
-    check_work(work_url)
+    work_url = _checked_work_url(output_url, errors_url, work_url)
     work = open_store(work_url)
-    with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
-        source = _local_input(input_url, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as folder:
+        tmp = Path(folder)
+        source = _local_input(input_url, tmp)
         marker = _found(work, source, fmt, served, input_url, work_url, adapters)
         fmt = marker["format"] if marker else _detect(source, input_url, fmt)
         errors_url = _errors_url(fmt, errors_url, output_url)
         given = {"OUTPUT": output_url, "--errors": errors_url}
         claims = _claim(work, marker, given, input_url, work_url)
         if marker is None:
-            marker = _convert(work, source, fmt, served, input_url, Path(tmp), claims, adapters)
+            marker = _convert(work, source, fmt, served, input_url, tmp, claims, adapters)
         outcome = BatchOutcome(output=output_url, errors=errors_url, work=work_url)
         outcome.format = marker["format"]
         if marker["records"]:
-            outcome.report = _run_job(
-                work, marker, model_path, overrides or [], progress, Path(tmp)
-            )
+            outcome.report = _run_job(work, marker, model_path, overrides or [], progress, tmp)
             if outcome.report.get("stopped"):
                 outcome.stopped = True
                 return outcome
-        done = _write_files(work, marker, output_url, errors_url, Path(tmp))
+        done = _write_files(work, marker, output_url, errors_url, tmp)
+    return _with_counts(outcome, done)
+
+
+def _model_and_names(
+    model: str, served_names: list[str] | None, adapters: dict[str, str] | None
+) -> tuple[Path, list[str], dict[str, str]]:
+    """The model's folder, the names a request's ``model`` may give for it (the folder's
+    name as given, unless names are given), and the adapters checked against them.
+
+    The name is the one the user typed (``--model ./model`` serves ``model``), not that
+    of the folder a link points to: the request files were written against the former.
+    """
+    model_path = _model_folder(model)
+    given = Path(model).expanduser().name
+    served = list(dict.fromkeys(served_names or [given or model_path.name]))
+    return model_path, served, check_adapters(adapters or {}, served)
+
+
+def _checked_work_url(output_url: str, errors_url: str | None, work_url: str | None) -> str:
+    """The work folder (``OUTPUT.nightshift`` unless given), once OUTPUT, ERRORS and it
+    are checked as places this run may write: before any conversion starts."""
+    for option, url in (("OUTPUT", output_url), ("--errors", errors_url)):
+        if url is not None:
+            check_destination(option, url)
+    work_url = (work_url or f"{output_url.rstrip('/')}.nightshift").rstrip("/")
+    check_work(work_url)
+    return work_url
+
+
+def _with_counts(outcome: BatchOutcome, done: Written) -> BatchOutcome:
+    """``outcome`` with the request counts and tokens of the files written."""
     outcome.total, outcome.completed, outcome.failed = done.lines, done.completed, done.failed
     outcome.input_tokens, outcome.output_tokens = done.input_tokens, done.output_tokens
     outcome.cached_tokens = done.cached_tokens

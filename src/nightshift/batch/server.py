@@ -80,9 +80,9 @@ def create_app(settings: ServeSettings, run=None, batches: BatchStore | None = N
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_bytes + _MULTIPART_SLACK)
-    app.include_router(openai_router(state))
-    app.include_router(anthropic_router(state))
-    app.state.nightshift = state
+    app.state.nightshift = state  # where every handler finds it (``state.server_state``)
+    app.include_router(openai_router())
+    app.include_router(anthropic_router())
     return app
 
 

@@ -111,15 +111,6 @@ def _response_body(
     ``output_text``; ``incomplete`` where max_output_tokens cut it short."""
     first = choices(row)[0]
     cut = first.get("finish_reason") == "length"
-    prompt, output, cached = row["prompt_tokens"], row["output_tokens"], row["cached_tokens"] or 0
-    text = {"type": "output_text", "text": first["text"], "annotations": [], "logprobs": []}
-    message = {
-        "id": f"msg_{digest}",
-        "type": "message",
-        "status": "incomplete" if cut else "completed",
-        "role": "assistant",
-        "content": [text],
-    }
     return {
         "id": f"resp_{digest}",
         "object": "response",
@@ -131,7 +122,7 @@ def _response_body(
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
         "model": model,
-        "output": [message],
+        "output": [_response_message(digest, first["text"], cut)],
         "parallel_tool_calls": True,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
@@ -142,16 +133,32 @@ def _response_body(
         "tools": [],
         "top_p": _or(echo.get("top_p"), 1.0),
         "truncation": "disabled",
-        "usage": {
-            "input_tokens": prompt,
-            # no cache writes are billed apart here: vLLM's prefix cache just keeps blocks
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": output,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + output,
-        },
+        "usage": _response_usage(row),
         "user": None,
         "metadata": echo.get("metadata") or {},
+    }
+
+
+def _response_message(digest: str, text: str, cut: bool) -> dict[str, Any]:
+    """The Response's one output item: the assistant's message of ``output_text``."""
+    return {
+        "id": f"msg_{digest}",
+        "type": "message",
+        "status": "incomplete" if cut else "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def _response_usage(row: dict[str, Any]) -> dict[str, Any]:
+    prompt, output, cached = row["prompt_tokens"], row["output_tokens"], row["cached_tokens"] or 0
+    return {
+        "input_tokens": prompt,
+        # no cache writes are billed apart here: vLLM's prefix cache just keeps blocks
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
     }
 
 
@@ -225,23 +232,30 @@ def anthropic_line(
     if answer.code == "batch_expired":  # its batch's window ended before it ran
         return {"custom_id": custom_id, "result": {"type": "expired"}}
     if not answer.ok:
-        kind = "invalid_request_error" if answer.status == 400 else "api_error"
-        error = {
-            "type": "error",
-            "error": {"type": kind, "message": answer.message},
-            "request_id": ids["request"],
-        }
+        error = _anthropic_error(answer, ids["request"])
         return {"custom_id": custom_id, "result": {"type": "errored", "error": error}}
-    row = answer.row
+    message = _anthropic_message(ids["body"], model, answer.row)
+    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
+
+
+def _anthropic_error(answer: Answer, request_id: str) -> dict[str, Any]:
+    """An errored request's ``ErrorResponse``: a 400 is the request's own fault."""
+    kind = "invalid_request_error" if answer.status == 400 else "api_error"
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": answer.message},
+        "request_id": request_id,
+    }
+
+
+def _anthropic_message(digest: str, model: str | None, row: dict[str, Any]) -> dict[str, Any]:
+    """A succeeded request's ``Message``: one text block. Anthropic counts cached input
+    apart from ``input_tokens``, so the cached tokens come off the prompt's."""
     first = choices(row)[0]
-    stop_reason, stop_sequence = "end_turn", None
-    if first.get("finish_reason") == "length":
-        stop_reason = "max_tokens"
-    elif first.get("stop_sequence"):
-        stop_reason, stop_sequence = "stop_sequence", first["stop_sequence"]
+    stop_reason, stop_sequence = _stop(first)
     cached = row["cached_tokens"] or 0
-    message = {
-        "id": f"msg_{ids['body']}",
+    return {
+        "id": f"msg_{digest}",
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -257,4 +271,12 @@ def anthropic_line(
             "service_tier": "batch",
         },
     }
-    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
+
+
+def _stop(choice: dict[str, Any]) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` for how the choice ended."""
+    if choice.get("finish_reason") == "length":
+        return "max_tokens", None
+    if choice.get("stop_sequence"):
+        return "stop_sequence", choice["stop_sequence"]
+    return "end_turn", None

@@ -7,7 +7,6 @@ but rename or remove them only with a migration note.
 from __future__ import annotations
 
 import string
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -20,11 +19,14 @@ from pydantic import (
 
 from nightshift.capacity.settings import CapacitySpec
 
-# The columns nightshift writes beside the input's (results and failed rows): an id or
-# kept column may not take one of their names. DETAIL_COLUMN is imported from here too.
+# The detail column nightshift writes beside the input's (results and failed rows) is
+# imported from here too.
 from nightshift.jobs.columns import DETAIL_COLUMN as DETAIL_COLUMN
-from nightshift.jobs.columns import DETAIL_COLUMNS, OUTPUT_COLUMNS
 from nightshift.jobs.evalspec import EvalSpec, check_eval
+
+# The input and model sections live in their own modules; they are imported from here too.
+from nightshift.jobs.inputspec import InputSpec as InputSpec
+from nightshift.jobs.modelspec import ModelSpec as ModelSpec
 
 # The execution sections live in runspec; they are imported from here too.
 from nightshift.jobs.runspec import CacheSpec, CostSpec, PlanSpec, RunSpec, ScheduleSpec
@@ -39,72 +41,6 @@ from nightshift.jobs.taskspec import EmbedSpec, TaskSpec
 from nightshift.jobs.taskspec import EmbedTask as EmbedTask
 from nightshift.jobs.taskspec import ExtractTask as ExtractTask
 from nightshift.jobs.taskspec import GenerateTask as GenerateTask
-
-
-class InputSpec(_Section):
-    path: str = Field(
-        description="Parquet input: a file, a glob such as data/*.parquet, or a directory "
-        "(every *.parquet below it). Relative paths are taken from the working directory."
-    )
-    id_column: str = Field(
-        description="Column holding each record's unique id; results are matched by it."
-    )
-
-    @field_validator("id_column")
-    @classmethod
-    def _id_column_does_not_clash(cls, column: str) -> str:
-        if column in OUTPUT_COLUMNS:
-            raise ValueError(
-                f"{column} is also the name of an output column; rename it in the input"
-            )
-        return column
-
-    keep_columns: list[str] = Field(
-        default_factory=list,
-        description="Input columns copied unchanged into every output and reject row.",
-    )
-
-    @field_validator("keep_columns")
-    @classmethod
-    def _keep_columns_do_not_clash(cls, columns: list[str]) -> list[str]:
-        clash = sorted(set(columns) & OUTPUT_COLUMNS)
-        if clash:
-            raise ValueError(
-                f"{', '.join(clash)} would clash with the output column of that name; "
-                "rename the input column or leave it out"
-            )
-        return list(dict.fromkeys(columns))
-
-    sampling_column: str | None = Field(
-        default=None,
-        description="Column of JSON strings, one per record, each overriding the sampling "
-        "section for that record: max_tokens, temperature, top_p, top_k, seed, stop, n, "
-        "json_schema or json_object (guided decoding), logprobs and top_logprobs. A key "
-        "left out or null keeps the job's value. A value that does not parse or is out of "
-        "range rejects its record (bad_sampling). Results then gain a detail column (JSON: "
-        "every choice, its finish and stop sequence, tokens and logprobs).",
-    )
-
-    adapter_column: str | None = Field(
-        default=None,
-        description="Column naming each record's LoRA adapter (a key of model.adapters); "
-        "null runs the base model. An unknown name rejects its record (unknown_adapter).",
-    )
-
-    @model_validator(mode="after")
-    def _detail_does_not_clash(self) -> InputSpec:
-        clash = sorted(DETAIL_COLUMNS & {self.id_column, *self.keep_columns})
-        if self.sampling_column is not None and clash:
-            raise ValueError(
-                f"with sampling_column, results have a {', '.join(clash)} column; rename "
-                "the input column of that name or leave it out"
-            )
-        return self
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Unset, the key is left out: an older job's input (and fingerprint) reads as before.
-        return _without_defaults(handler(self), {"sampling_column": None, "adapter_column": None})
 
 
 class PromptSpec(_Section):
@@ -212,43 +148,6 @@ def template_fields(template: str) -> list[str]:
         if name not in names:
             names.append(name)
     return names
-
-
-class ModelSpec(_Section):
-    path: str = Field(description="Local model folder or Hugging Face model id.")
-    tokenizer: str | None = Field(
-        default=None, description="Tokenizer folder or id, when it differs from the model's."
-    )
-    max_model_len: int = Field(
-        gt=0,
-        description="Context length in tokens. A record whose prompt plus max_tokens exceeds "
-        "it is rejected with its reason instead of failing the job.",
-    )
-    dtype: str = Field(default="auto", description="Weight dtype passed to vLLM (auto, bfloat16).")
-    trust_remote_code: bool = Field(
-        default=False, description="Allow model code shipped in the model folder to run."
-    )
-    adapters: dict[str, str] = Field(
-        default_factory=dict,
-        description="LoRA adapters by name: folders in the PEFT layout (adapter_config.json "
-        "and adapter weights). input.adapter_column picks one per record; vLLM's "
-        "max_loras and max_lora_rank are set from them (engine.extra overrides).",
-    )
-
-    @field_validator("adapters")
-    @classmethod
-    def _adapters_are_folders(cls, adapters: dict[str, str]) -> dict[str, str]:
-        for name, path in adapters.items():
-            if not name.strip():
-                raise ValueError("an adapter needs a name")
-            if not (Path(path).expanduser() / "adapter_config.json").is_file():
-                raise ValueError(f"{name}: {path} holds no adapter_config.json")
-        return adapters
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # none: the model section (and every fingerprint) reads as it did before adapters
-        return _without_defaults(handler(self), {"adapters": {}})
 
 
 # vLLM arguments the spec sets under its own keys; engine.extra may not set them again,

@@ -33,6 +33,7 @@ def finish_run(
     startup, overlap = engines.startup_s, 0.0  # workers' start-ups come as seconds only
     if engines.spans:
         startup, overlap = startup_seconds(engines.spans, job.progress.started, job.planned_s)
+    job.progress.engines_started(engines.spans)  # the timeline's start-ups (report.png)
     # Generation ends with the last answer or commit; shutting the engine down and
     # writing the report after it is wrap-up, not generation.
     ended = job.progress.last_work if job.progress.last_work is not None else finished

@@ -1,5 +1,9 @@
 """report.png: throughput over time and each shard's span, from a report dict.
 
+Behind the panels over time, bands mark where the run did not generate yet: planning
+(``time_s``) and engine start-up (``timeline.engine_startups``; an older report has
+none and is drawn without). ``chart_bands`` lists them, so they can be checked as data.
+
 The chart is drawn on a bare ``Figure`` with the Agg canvas, never through pyplot, so
 importing or calling this changes no global matplotlib state (no backend switch, no
 figure registry) in the caller's process. ``chart_png_bytes`` is the primary API: the
@@ -17,6 +21,7 @@ from typing import IO, Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
@@ -27,7 +32,25 @@ from nightshift.reports.qualitychart import has_quality_panel, quality_panel
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 9.0, 100
 # Past this many shards, per-bar labels overlap into noise.
 MAX_LABELLED_SHARDS = 40
-RECORDS, OUTPUT, TOTAL, PLANNING = "tab:blue", "tab:orange", "tab:green", "0.85"
+RECORDS, OUTPUT, TOTAL, PLANNING, STARTUP = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "0.85",
+    "tab:purple",
+)
+# Start-up often runs during planning (the engine starts while the plan is built): it is
+# hatched over a pale tint, so the grey planning band still shows through where they meet.
+BAND_STYLES = {
+    "planning": {"color": PLANNING, "linewidth": 0, "zorder": 0},
+    "engine start-up": {
+        "facecolor": to_rgba(STARTUP, 0.15),  # faint, so the hatch reads over white
+        "edgecolor": STARTUP,
+        "hatch": "//",
+        "linewidth": 0,
+        "zorder": 0.5,
+    },
+}
 THOUSANDS = StrMethodFormatter("{x:,.0f}")
 
 
@@ -57,6 +80,42 @@ def throughput_over_time(samples: list[dict[str, Any]]) -> list[dict[str, float]
         )
         previous = sample
     return intervals
+
+
+def chart_bands(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bands behind the panels over time, ``{"label", "start_s", "end_s"}`` on the
+    run's clock: planning, then engine start-up (the union of the engines' spans)."""
+    bands = []
+    times = report.get("time_s") or {}
+    plan_s = times.get("plan", 0.0)
+    if plan_s > 0:  # planning begins once nightshift and Prefect are up (time_s.prepare)
+        begin = times.get("prepare", 0.0)
+        bands.append({"label": "planning", "start_s": begin, "end_s": begin + plan_s})
+    spans = (report.get("timeline") or {}).get("engine_startups") or []
+    for begin, end in startup_union(spans):
+        bands.append({"label": "engine start-up", "start_s": begin, "end_s": end})
+    return bands
+
+
+def startup_union(spans: list[dict[str, float]]) -> list[tuple[float, float]]:
+    """Engine start-ups merged where they overlap, in time order.
+
+    The union, not one band per engine: a scaled-out run's workers start their engines
+    within moments of each other, and translucent bands stacked per engine would read as
+    shades that mean something. What the band answers is "was an engine still starting
+    here", which the union says plainly; a restart after a crash, later in the run, still
+    shows as a band of its own.
+    """
+    merged: list[tuple[float, float]] = []
+    for span in sorted(spans, key=lambda s: s["began_s"]):
+        begin, end = span["began_s"], span["ready_s"]
+        if end <= begin:
+            continue
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
 
 
 def chart_png_bytes(report: dict[str, Any]) -> bytes | None:
@@ -114,7 +173,7 @@ def _title(report: dict[str, Any]) -> str:
 
 
 def _records_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> None:
-    _shade_planning(axes, report)
+    _shade_bands(axes, report)
     axes.set_title("Records answered per second")
     axes.set_ylabel("records/s")
     if intervals:
@@ -129,7 +188,7 @@ def _records_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) ->
 def _tokens_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> None:
     """Output tokens/s on the left axis, total on the right: a short answer to a long
     prompt makes total a hundred times output, which would flatten output on one axis."""
-    _shade_planning(axes, report)
+    _shade_bands(axes, report)
     axes.set_title("Tokens per second")
     axes.set_ylabel("output tokens/s", color=OUTPUT)
     total_axes = axes.twinx()
@@ -157,7 +216,7 @@ def _edges(intervals: list[dict]) -> list[float]:
 def _shard_panel(axes: Axes, shards: list[dict], report: dict[str, Any]) -> None:
     """Each shard from start to finish, in start order: stragglers and the tail, where
     the GPUs sit half idle, show as bars reaching past the rest."""
-    _shade_planning(axes, report)
+    _shade_bands(axes, report)
     positions = range(len(shards))
     bars = axes.barh(
         positions,
@@ -178,7 +237,15 @@ def _shard_panel(axes: Axes, shards: list[dict], report: dict[str, Any]) -> None
         axes.set_ylabel(f"{len(shards):,} shards, in start order")
 
 
-def _shade_planning(axes: Axes, report: dict[str, Any]) -> None:
-    plan_s = report.get("time_s", {}).get("plan", 0.0)
-    if plan_s > 0:
-        axes.axvspan(0, plan_s, color=PLANNING, label="planning", zorder=0)
+def _shade_bands(axes: Axes, report: dict[str, Any]) -> None:
+    """The bands of ``chart_bands``; each kind in the legend once."""
+    named = set()
+    for band in chart_bands(report):
+        label = band["label"]
+        axes.axvspan(
+            band["start_s"],
+            band["end_s"],
+            label="_nolegend_" if label in named else label,
+            **BAND_STYLES[label],
+        )
+        named.add(label)

@@ -1,5 +1,6 @@
 """The engine a spec asks for, and the run's pool of it: started on first use, kept warm
-across shards, rebuilt after a crash. The only place that maps the spec to an engine."""
+across shards, rebuilt after a crash. The only place that maps the spec to an engine.
+(The engine kept warm between runs, ``warm_engines``, lives in ``running.warm``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,11 @@ from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineFatalError, RunStoppedError
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.lora import adapter_folders, lora_arguments
+
+# The engine kept warm between runs lives in warm; its pool is imported from here too.
+from nightshift.running.warm import WarmEngines as WarmEngines
+from nightshift.running.warm import warm_engines as warm_engines
+from nightshift.running.warm import warm_pool
 
 if TYPE_CHECKING:
     from nightshift.engines.vllm_engine import VllmEngine
@@ -100,59 +106,12 @@ ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _
 
 
 def build_engine(spec: JobSpec) -> Engine:
-    if _warm is not None:
-        return _warm.lend(spec)
+    """A new engine for ``spec``, or a loan of the warm one (``running.warm``) when this
+    process keeps one and it was started with the same settings."""
+    warm = warm_pool()
+    if warm is not None:
+        return warm.lend(_engine_key(spec), lambda: ENGINES[spec.run.engine](spec))
     return ENGINES[spec.run.engine](spec)
-
-
-class WarmEngines:
-    """One engine kept up between runs in this process (``nightshift batch serve`` runs
-    batch after batch): a run whose spec asks for the same engine borrows it instead of
-    starting one. A run that ends normally hands it back; one that discards, interrupts
-    or kills it (a crash, a stop) closes it, so a later run never gets a broken engine."""
-
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._engine: Engine | None = None
-        self._lock = threading.Lock()
-
-    def lend(self, spec: JobSpec) -> Engine:
-        key = _engine_key(spec)
-        with self._lock:
-            engine, self._engine = (self._engine, None) if self._key == key else (None, None)
-            if engine is None:
-                self.close()
-                engine = ENGINES[spec.run.engine](spec)
-            self._key = key
-            return _Lent(engine, self)
-
-    def give_back(self, engine: Engine) -> None:
-        with self._lock:
-            if self._engine is not None:  # a second run borrowed meanwhile: keep one
-                engine.close()
-            else:
-                self._engine = engine
-
-    def close(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            with contextlib.suppress(Exception):
-                engine.close()
-
-
-@contextlib.contextmanager
-def warm_engines() -> Iterator[WarmEngines]:
-    """Within the block, runs of this process share a warm engine (``WarmEngines``)."""
-    global _warm
-    _warm = WarmEngines()
-    try:
-        yield _warm
-    finally:
-        warm, _warm = _warm, None
-        warm.close()
-
-
-_warm: WarmEngines | None = None
 
 
 def _engine_key(spec: JobSpec) -> str:
@@ -169,44 +128,6 @@ def _engine_key(spec: JobSpec) -> str:
         sort_keys=True,
         default=str,
     )
-
-
-class _Lent:
-    """A borrowed engine: ``stats`` count from the loan, ``close`` hands it back."""
-
-    def __init__(self, engine: Engine, owner: WarmEngines) -> None:
-        self._engine, self._owner, self._broken = engine, owner, False
-        self.info = engine.info
-        reset = getattr(engine, "reset_peaks", None)  # engines that keep peaks: this loan's own
-        if reset:
-            reset()
-        self._base = engine.stats()
-
-    def run(self, requests, sampling):
-        return self._engine.run(requests, sampling)
-
-    def stats(self) -> EngineStats:
-        return self._engine.stats().since(self._base)
-
-    def discard(self) -> None:
-        self._broken = True
-
-    def interrupt(self) -> None:
-        self._broken = True
-        getattr(self._engine, "interrupt", lambda: None)()
-
-    def kill(self) -> None:
-        self._broken = True
-        getattr(self._engine, "kill", lambda: None)()
-
-    def close(self) -> None:
-        if self._broken:
-            self._engine.close()
-        else:
-            self._owner.give_back(self._engine)
-
-    def __getattr__(self, name: str) -> Any:  # engine-specific extras (``_llm``...)
-        return getattr(self._engine, name)
 
 
 class EngineStart:

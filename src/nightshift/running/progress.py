@@ -36,6 +36,7 @@ class LiveProgress:
         self.started_at = datetime.now(timezone.utc) - timedelta(seconds=since)
         self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
         self.shard_times: dict[int, dict[str, float]] = {}
+        self.engine_startups: list[dict[str, float]] = []  # began_s, ready_s: this clock's
         self.expected = 0  # records this run will answer
         self._tail_marks: dict[str, float] = {}  # when 90% and 100% were answered
         self._first_answer: float | None = None
@@ -122,10 +123,26 @@ class LiveProgress:
                 self._bar.close()
             self.samples.append(_sample(self.now(), totals))
 
+    def engines_started(self, spans: list[tuple[float, float]]) -> None:
+        """Engine start-ups, from their (began, ready) ``perf_counter`` readings, onto
+        this clock; one the head start began before the clock's 0 is clipped to it."""
+        for began, ready in spans:
+            self.engine_startups.append(
+                {
+                    "began_s": round(max(0.0, began - self.started), 3),
+                    "ready_s": round(max(0.0, ready - self.started), 3),
+                }
+            )
+
     def timeline(self) -> dict[str, Any]:
-        """Cumulative counts over time; no samples for a run that answered nothing."""
+        """Cumulative counts over time (no samples for a run that answered nothing), and
+        when each engine began starting and was ready (or gave up)."""
         answered = self.samples[-1]["records"] > 0
-        return {"started_at": self.started_at.isoformat(), "samples": self.samples * answered}
+        return {
+            "started_at": self.started_at.isoformat(),
+            "samples": self.samples * answered,
+            "engine_startups": sorted(self.engine_startups, key=lambda s: s["began_s"]),
+        }
 
     def shard_table(self) -> list[dict[str, float]]:
         """Shards this run committed, with their first answer and commit times."""

@@ -30,6 +30,7 @@ WORKERS_DIR = "_work/workers"
 
 def write_worker_figures(job: JobRun, engines: EnginePool, worker: str) -> None:
     clock = job.progress
+    clock.engines_started(engines.spans)  # when its engine began starting and was ready
     figures = {
         "worker": worker,
         "started_at": clock.started_at.timestamp(),
@@ -41,6 +42,7 @@ def write_worker_figures(job: JobRun, engines: EnginePool, worker: str) -> None:
         "failures": {str(s): e for s, e in job.runner.failures.items()},
         "engine": {
             "startup_s": engines.startup_s,
+            "startups": clock.engine_startups,
             "starts": engines.starts,
             "stats": asdict(engines.stats),
             "info": asdict(engines.info) if engines.info else None,
@@ -76,6 +78,11 @@ def absorb_worker_figures(job: JobRun, engines: EnginePool, figures: list[dict])
     runner.failures = {s: e for s, e in runner.failures.items() if s not in committed}
     offsets = [f["started_at"] - base for f in figures]
     job.progress.samples = merge_samples([f["samples"] for f in figures], offsets)
+    job.progress.engine_startups += [
+        {k: round(v + off, 3) for k, v in s.items()}
+        for f, off in zip(figures, offsets, strict=True)
+        for s in f["engine"].get("startups", [])  # figures of an older worker lack them
+    ]
     job.progress.shard_times = {
         t["shard"]: {k: v + (off if k.endswith("ed_s") else 0) for k, v in t.items()}
         for f, off in zip(figures, offsets, strict=True)

@@ -1,0 +1,54 @@
+"""The job spec's ``model:`` section: which weights run, at what context length, and
+the LoRA adapters a record may pick (``input.adapter_column``).
+
+Every key but ``adapters`` is a vLLM engine argument (``SPEC_ENGINE_ARGS`` in
+``jobs.spec`` names them); an adapter is checked here to be a PEFT folder (it holds an
+``adapter_config.json``) when the spec loads, before any engine starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+
+from nightshift.jobs.section import Section as _Section
+from nightshift.jobs.section import without_defaults as _without_defaults
+
+
+class ModelSpec(_Section):
+    path: str = Field(description="Local model folder or Hugging Face model id.")
+    tokenizer: str | None = Field(
+        default=None, description="Tokenizer folder or id, when it differs from the model's."
+    )
+    max_model_len: int = Field(
+        gt=0,
+        description="Context length in tokens. A record whose prompt plus max_tokens exceeds "
+        "it is rejected with its reason instead of failing the job.",
+    )
+    dtype: str = Field(default="auto", description="Weight dtype passed to vLLM (auto, bfloat16).")
+    trust_remote_code: bool = Field(
+        default=False, description="Allow model code shipped in the model folder to run."
+    )
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters by name: folders in the PEFT layout (adapter_config.json "
+        "and adapter weights). input.adapter_column picks one per record; vLLM's "
+        "max_loras and max_lora_rank are set from them (engine.extra overrides).",
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters_are_folders(cls, adapters: dict[str, str]) -> dict[str, str]:
+        for name, path in adapters.items():
+            if not name.strip():
+                raise ValueError("an adapter needs a name")
+            if not (Path(path).expanduser() / "adapter_config.json").is_file():
+                raise ValueError(f"{name}: {path} holds no adapter_config.json")
+        return adapters
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # none: the model section (and every fingerprint) reads as it did before adapters
+        return _without_defaults(handler(self), {"adapters": {}})

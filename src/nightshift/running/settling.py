@@ -1,0 +1,173 @@
+"""What becomes of a shard once it leaves the engine: checkpointed, committed, failed,
+stopped, or given up to the worker that took it over.
+
+Each shard keeps its answers in memory until ``run.chunk_records`` of them or
+``run.chunk_seconds`` have passed, then checkpoints them as a chunk; when its last
+record is answered it commits (see ``io.shardstore``). An engine that dies fails the
+attempt of every shard it was working on: what they checkpointed stays, and they
+continue on a fresh engine, up to ``run.shard_attempts`` times. A stop settles the open
+shards as stopped, with no attempt counted. ``ShardRunner`` (``running.shards``) feeds
+the records; this is its bookkeeping, apart from the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+from nightshift.errors import EngineFatalError, LeaseLostError
+from nightshift.io.shardstore import ShardStore
+from nightshift.jobs.spec import JobSpec
+from nightshift.running.progress import LiveProgress
+from nightshift.running.results import ResultTables
+from nightshift.running.shardqueue import ShardQueue
+from nightshift.running.shardwork import ShardWork, shard_summary
+
+log = logging.getLogger(__name__)
+
+
+class ShardSettling:
+    """The shards of one run and how each was settled: ``committed``, ``failures``,
+    ``stopped``, ``lost`` (its lease), with the ``attempts`` counted against each.
+
+    ``retry_in_place`` retries a shard whose engine died right here, up to
+    ``run.shard_attempts``; a caller with its own retries (a Prefect task) turns it off,
+    so that one engine death fails the shard's attempt and the caller decides."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        shards: ShardStore,
+        tables: ResultTables,
+        progress: LiveProgress,
+        retry_in_place: bool,
+    ) -> None:
+        self.spec, self.shards, self.tables, self.progress = spec, shards, tables, progress
+        self.retry_in_place = retry_in_place
+        # shard -> set by a worker's lease keeper when another worker took it over.
+        self.lease_lost: dict[int, threading.Event] = {}
+        self.lost: set[int] = set()  # shards given up here because their lease was lost
+        self.attempt = uuid.uuid4().hex[:8]
+        self.attempts: Counter = Counter()
+        self.failures: dict[int, str] = {}
+        self.committed: list[int] = []
+        self.on_settled: Callable[[int], None] | None = None  # a shard committed or failed
+        self._rerun: list[int] = []  # shards ``run`` tries again (retry_in_place)
+        self.stopping = threading.Event()  # request_stop: the run is stopping
+        self.stopped: set[int] = set()  # shards settled uncommitted because of a stop
+
+    def _due(self, w: ShardWork) -> bool:
+        run = self.spec.run
+        return w.held >= run.chunk_records or time.monotonic() - w.since >= run.chunk_seconds
+
+    def _check_lease(self, shard: int) -> None:
+        lost = self.lease_lost.get(shard)
+        if lost is not None and lost.is_set():
+            raise LeaseLostError(f"shard {shard}: another worker took it over")
+
+    def _give_up(self, w: ShardWork, exc: LeaseLostError) -> None:
+        """Another worker took ``w`` over: write nothing more of it, and settle it."""
+        self.lost.add(w.shard)
+        self.failures[w.shard] = str(exc)
+        self._settled(w.shard)
+
+    def _checkpoint(self, w: ShardWork) -> None:
+        if not w.held:
+            return
+        self._check_lease(w.shard)
+        tables = {
+            "ok": self.tables.results_table(w.ok),
+            "failed": self.tables.failed_table(w.failed),
+        }
+        w.files = w.files + self.shards.write_chunk(w.shard, self.attempt, w.chunks, tables)
+        w.chunks += 1
+        w.done_ids.update(r[self.spec.input.id_column] for r in w.ok + w.failed)
+        w.ok, w.failed, w.since = [], [], time.monotonic()
+
+    def _finish(self, w: ShardWork) -> None:
+        """Merge the shard's chunks and held answers, check it reconciles, commit it."""
+        ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
+        summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
+        self._check_lease(w.shard)
+        if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
+            log.warning(
+                "shard %d was committed by another attempt; this one's copy is dropped", w.shard
+            )
+        self.committed.append(w.shard)
+        self.progress.shard_done(w.shard, w.planned)
+        w.ok, w.failed = [], []
+        self._settled(w.shard)
+
+    def _settled(self, shard: int) -> None:
+        if self.on_settled is not None:
+            self.on_settled(shard)
+
+    def _fail_or_rerun(self, w: ShardWork, reason: str) -> bool:
+        """Count an attempt of ``w``; True when it may run again here, else it is
+        named failed (and stays resumable from its checkpoints)."""
+        self.attempts[w.shard] += 1
+        if self.retry_in_place and self.attempts[w.shard] < self.spec.run.shard_attempts:
+            return True
+        self.failures[w.shard] = reason
+        self._settled(w.shard)
+        return False
+
+    def _after_crash(
+        self, work: dict[int, ShardWork], exc: EngineFatalError, queue: ShardQueue
+    ) -> None:
+        """Checkpoint what the dead engine answered; count an attempt for each shard it
+        was working on (the first open one, if it died before answering any). The
+        others, and those with attempts left, go back to the front of the queue."""
+        hit = [w for w in work.values() if w.answered_now] or list(work.values())[:1]
+        again = []
+        for w in work.values():
+            if not self._checkpoint_held(w):
+                continue
+            if w not in hit or self._fail_or_rerun(w, str(exc)):
+                again.append(w.shard)
+        for shard in reversed(again):
+            queue.put(shard, front=True)
+        work.clear()
+        if again:
+            log.warning("engine died (%s); shards %s go on on a fresh engine", exc, again)
+
+    def _stop_open(self, work: dict[int, ShardWork]) -> None:
+        """The run is stopping: checkpoint the answers each open shard holds and settle
+        it as stopped (no attempt counted; a rerun continues it)."""
+        for w in list(work.values()):
+            if self._checkpoint_held(w):
+                self.stopped.add(w.shard)
+                self._settled(w.shard)
+        work.clear()
+
+    def _checkpoint_held(self, w: ShardWork) -> bool:
+        """Checkpoint ``w``'s answers before it leaves this engine; False (and ``w`` given
+        up) when another worker took it over."""
+        try:
+            self._checkpoint(w)
+        except LeaseLostError as lost:
+            self._give_up(w, lost)
+            return False
+        w.answered_now = 0
+        return True
+
+    def _unanswered(self, w: ShardWork) -> None:
+        """Every request of ``w`` came back, some of them aborted (no answers): checkpoint
+        the answers, and run the shard again here or name it failed."""
+        if self.stopping.is_set():  # aborted because the run is stopping: no attempt
+            self._stop_open({w.shard: w})
+            return
+        left = w.remaining
+        if not self._checkpoint_held(w):
+            return
+        reason = (
+            f"{left} record(s) left unanswered (the engine aborted them); "
+            "they are asked again on the next attempt"
+        )
+        if self._fail_or_rerun(w, reason):
+            log.warning("shard %d: %d record(s) left unanswered; asking again", w.shard, left)
+            self._rerun.append(w.shard)
