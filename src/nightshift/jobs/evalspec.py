@@ -76,7 +76,7 @@ class _Prompt(Protocol):  # jobs.spec.PromptSpec, which imports this module
     def source_key(self) -> str: ...
 
 
-class _Input(Protocol):  # jobs.spec.InputSpec
+class _Input(Protocol):  # jobs.inputspec.InputSpec
     id_column: str
     sampling_column: str | None
 
