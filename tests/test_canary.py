@@ -76,8 +76,14 @@ def test_a_passing_canary_runs_the_job_and_reports_the_agreement(
     spec, out = canary_job(models, tmp_path, write_spec, min_agreement=0.5)
     result = runner.invoke(app, ["jobs", "run", str(spec)])
     assert result.exit_code == 0, result.output
-    canary = json.loads((out / "report.json").read_text())["canary"]
+    report = json.loads((out / "report.json").read_text())
+    canary = report["canary"]
     assert canary["status"] == "measured" and canary["passed"] and not canary["accepted"]
+    # on the run's clock, after the plan and before the first answer: a band on the chart
+    span, times = report["timeline"]["canary"], report["time_s"]
+    assert times["prepare"] + times["plan"] <= span["began_s"] < span["ended_s"]
+    assert span["ended_s"] <= min(s["started_s"] for s in report["shard_times"])
+    assert span["ended_s"] - span["began_s"] == pytest.approx(canary["seconds"], abs=0.5)
     assert canary["agreement"] >= 0.5 and canary["settings"] == {"engine.kv_cache_dtype": "fp8"}
     assert canary["reference"] == {"engine.kv_cache_dtype": "auto"}
     # --overwrite measures again; the canary's folders are the run's own

@@ -299,3 +299,10 @@ def test_a_report_without_engine_start_ups_draws_planning_alone(report, old_repo
     report["time_s"]["plan"] = 0.0
     assert chart_bands(report) == []
     assert legend_labels(report) == ["records/s"]
+
+
+def test_a_measured_canary_is_a_band_of_its_own(report):
+    report["timeline"]["canary"] = {"began_s": 22.0, "ended_s": 80.0}
+    assert chart_bands(report)[-1] == {"label": "canary", "start_s": 22.0, "end_s": 80.0}
+    assert legend_labels(report) == ["planning", "canary", "records/s"]
+    assert imread(io.BytesIO(chart_png_bytes(report))).shape[:2] == (900, 1000)

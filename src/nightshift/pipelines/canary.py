@@ -53,7 +53,9 @@ def check_canary(job: JobRun, engines: EnginePool, run_side: RunSide) -> None:
     plans = job.output.plans
     kept = plans.canary()
     if kept is None:
+        began = time.perf_counter()
         kept = plans.keep_canary(measure_canary(job, engines, run_side))
+        job.progress.canary_measured(began, time.perf_counter())  # a band on report.png
         sampling = sampling_for(job.spec, job.runner.task)
         job.runner.canary_answers = canary_answers(plans, job.manifest, sampling)
     enforce(job.spec, kept)

@@ -32,12 +32,13 @@ from nightshift.reports.qualitychart import has_quality_panel, quality_panel
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 9.0, 100
 # Past this many shards, per-bar labels overlap into noise.
 MAX_LABELLED_SHARDS = 40
-RECORDS, OUTPUT, TOTAL, PLANNING, STARTUP = (
+RECORDS, OUTPUT, TOTAL, PLANNING, STARTUP, CANARY = (
     "tab:blue",
     "tab:orange",
     "tab:green",
     "0.85",
     "tab:purple",
+    "tab:olive",
 )
 # Start-up often runs during planning (the engine starts while the plan is built): it is
 # hatched over a pale tint, so the grey planning band still shows through where they meet.
@@ -50,6 +51,9 @@ BAND_STYLES = {
         "linewidth": 0,
         "zorder": 0.5,
     },
+    # The canary's two sample runs come after the plan and before the first answer: the
+    # rest of a run's empty start. Its reference side starts an engine of its own.
+    "canary": {"facecolor": to_rgba(CANARY, 0.2), "linewidth": 0, "zorder": 0.25},
 }
 THOUSANDS = StrMethodFormatter("{x:,.0f}")
 
@@ -84,7 +88,8 @@ def throughput_over_time(samples: list[dict[str, Any]]) -> list[dict[str, float]
 
 def chart_bands(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The bands behind the panels over time, ``{"label", "start_s", "end_s"}`` on the
-    run's clock: planning, then engine start-up (the union of the engines' spans)."""
+    run's clock: planning, engine start-up (the union of the engines' spans), and the
+    canary when this run measured one."""
     bands = []
     times = report.get("time_s") or {}
     plan_s = times.get("plan", 0.0)
@@ -94,6 +99,9 @@ def chart_bands(report: dict[str, Any]) -> list[dict[str, Any]]:
     spans = (report.get("timeline") or {}).get("engine_startups") or []
     for begin, end in startup_union(spans):
         bands.append({"label": "engine start-up", "start_s": begin, "end_s": end})
+    canary = (report.get("timeline") or {}).get("canary")
+    if canary and canary["ended_s"] > canary["began_s"]:
+        bands.append({"label": "canary", "start_s": canary["began_s"], "end_s": canary["ended_s"]})
     return bands
 
 

@@ -37,6 +37,7 @@ class LiveProgress:
         self.samples: list[dict[str, float]] = [_sample(0.0, RunTotals())]
         self.shard_times: dict[int, dict[str, float]] = {}
         self.engine_startups: list[dict[str, float]] = []  # began_s, ready_s: this clock's
+        self.canary: dict[str, float] | None = None  # began_s, ended_s, when one was measured
         self.expected = 0  # records this run will answer
         self._tail_marks: dict[str, float] = {}  # when 90% and 100% were answered
         self._first_answer: float | None = None
@@ -134,6 +135,13 @@ class LiveProgress:
                 }
             )
 
+    def canary_measured(self, began: float, ended: float) -> None:
+        """The canary's two sample runs, from their ``perf_counter`` readings."""
+        self.canary = {
+            "began_s": round(began - self.started, 3),
+            "ended_s": round(ended - self.started, 3),
+        }
+
     def timeline(self) -> dict[str, Any]:
         """Cumulative counts over time (no samples for a run that answered nothing), and
         when each engine began starting and was ready (or gave up)."""
@@ -142,6 +150,7 @@ class LiveProgress:
             "started_at": self.started_at.isoformat(),
             "samples": self.samples * answered,
             "engine_startups": sorted(self.engine_startups, key=lambda s: s["began_s"]),
+            **({"canary": self.canary} if self.canary else {}),
         }
 
     def shard_table(self) -> list[dict[str, float]]:
