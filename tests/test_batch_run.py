@@ -347,3 +347,12 @@ def test_a_linked_model_folder_is_served_under_the_name_given(models, tmp_path):
     outcome = run_batch(str(source), str(out), model=str(link), overrides=["run.engine=fake"])
     assert (outcome.completed, outcome.failed) == (2, 0)
     assert [x["response"]["body"]["model"] for x in read_jsonl(out)] == ["model", "model"]
+
+
+def test_served_names_come_from_the_path_as_typed(tmp_path, monkeypatch):
+    from nightshift.batch.records import served_names
+
+    monkeypatch.chdir(tmp_path)
+    assert served_names("./models/qwen/") == ["qwen"]
+    assert served_names(".") == [tmp_path.name]  # no name typed: the folder's own
+    assert served_names("./x", ["gpt-4o-mini", "gpt-4o-mini", "b"]) == ["gpt-4o-mini", "b"]

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
-from nightshift.batch.state import ServerState, Shared, require_key
+from nightshift.batch.state import ServerState, Shared, keyed_router
 from nightshift.batch.store import UNFINISHED, new_id, valid_id
 
 _CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -37,16 +37,14 @@ _PROCESSING = {
 
 def anthropic_router() -> APIRouter:
     """The Anthropic routes, in the order they are matched; each handler is below."""
-    router = APIRouter(prefix="/v1/messages/batches", dependencies=[Depends(require_key)])
-    for method, path, handler in (
+    routes = (
         ("POST", "", create_batch),
         ("GET", "/{batch_id}", retrieve_batch),
         ("GET", "/{batch_id}/results", batch_results),
         ("POST", "/{batch_id}/cancel", cancel_batch),
         ("GET", "", list_batches),
-    ):
-        router.add_api_route(path, handler, methods=[method])
-    return router
+    )
+    return keyed_router("/v1/messages/batches", routes)
 
 
 async def create_batch(request: Request, state: Shared) -> dict:

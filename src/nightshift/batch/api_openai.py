@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from nightshift.batch.http import ApiError
 from nightshift.batch.lifecycle import mark_cancelling, new_record
 from nightshift.batch.openai import ENDPOINTS
-from nightshift.batch.state import ServerState, Shared, count_lines, require_key
+from nightshift.batch.state import ServerState, Shared, count_lines, keyed_router
 from nightshift.batch.store import file_object, new_id, valid_id
 
 _CHUNK = 1 << 20
@@ -26,8 +26,7 @@ _CHUNK = 1 << 20
 
 def openai_router() -> APIRouter:
     """The OpenAI routes, in the order they are matched; each handler is below."""
-    router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
-    for method, path, handler in (
+    routes = (
         ("POST", "/files", upload_file),
         ("GET", "/files/{file_id}", retrieve_file),
         ("GET", "/files/{file_id}/content", file_content),
@@ -39,9 +38,8 @@ def openai_router() -> APIRouter:
         ("GET", "/batches", list_batches),
         ("GET", "/models", list_models),
         ("GET", "/models/{name:path}", retrieve_model),
-    ):
-        router.add_api_route(path, handler, methods=[method])
-    return router
+    )
+    return keyed_router("/v1", routes)
 
 
 async def upload_file(request: Request, state: Shared) -> dict:

@@ -12,6 +12,7 @@ from typing import Any
 
 from nightshift.batch.lifecycle import DAY_S
 from nightshift.batch.progress import EXPIRED_MESSAGE, LiveCounts, expired
+from nightshift.batch.records import served_names
 from nightshift.batch.store import BatchStore
 
 
@@ -39,8 +40,7 @@ class ServeSettings:
     def model_names(self) -> list[str]:
         """The names a request's ``model`` may give (``/v1/models`` lists them): the
         base model's, then the adapters'."""
-        base = self.served_names or [self.model.rstrip("/").rsplit("/", 1)[-1]]
-        return [*base, *self.adapters]
+        return [*served_names(self.model, self.served_names), *self.adapters]
 
 
 def input_uri(batches: BatchStore, record: dict[str, Any]) -> str:

@@ -283,6 +283,17 @@ def _refuse_surrogates(line: dict[str, Any], raw: bytes) -> None:
         raise BadRequest(f"{where} {_SURROGATE_PROBLEM}", param=param)
 
 
+def served_names(model: str, given: list[str] | None = None) -> list[str]:
+    """The names a request's ``model`` may give for the base model: ``given``, else the
+    model folder's name as the user typed it (``--model ./model`` serves ``model``, also
+    where ./model links to a folder named otherwise: request files are written against
+    the name typed), or the folder's own name for a path such as ``.``."""
+    if given:
+        return list(dict.fromkeys(given))
+    path = Path(model).expanduser()
+    return [path.name or path.resolve().name]
+
+
 def check_model(model: Any, served: list[str]) -> None:
     """The model rule: a request names one of the served names, or none at all."""
     if model is None or (isinstance(model, str) and model in served):

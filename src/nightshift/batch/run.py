@@ -48,6 +48,7 @@ from nightshift.batch.records import (
     file_digest,
     load_line,
 )
+from nightshift.batch.records import served_names as base_names  # a parameter's name here
 from nightshift.batch.results import Written
 from nightshift.batch.shapes import Context
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
@@ -122,16 +123,10 @@ def run_batch(
 def _model_and_names(
     model: str, served_names: list[str] | None, adapters: dict[str, str] | None
 ) -> tuple[Path, list[str], dict[str, str]]:
-    """The model's folder, the names a request's ``model`` may give for it (the folder's
-    name as given, unless names are given), and the adapters checked against them.
-
-    The name is the one the user typed (``--model ./model`` serves ``model``), not that
-    of the folder a link points to: the request files were written against the former.
-    """
-    model_path = _model_folder(model)
-    given = Path(model).expanduser().name
-    served = list(dict.fromkeys(served_names or [given or model_path.name]))
-    return model_path, served, check_adapters(adapters or {}, served)
+    """The model's folder, the names a request's ``model`` may give for it
+    (``records.served_names``), and the adapters checked against those names."""
+    served = base_names(model, served_names)
+    return _model_folder(model), served, check_adapters(adapters or {}, served)
 
 
 def _checked_work_url(output_url: str, errors_url: str | None, work_url: str | None) -> str:

@@ -7,10 +7,11 @@ route handlers are plain module-level functions that ask for it as a dependency
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from nightshift.batch.execute import ServeSettings
@@ -52,6 +53,15 @@ Shared = Annotated[ServerState, Depends(server_state)]
 def require_key(request: Request, state: Shared) -> None:
     """A router dependency: 401 unless the request carries the server's key."""
     check_key(request, state.settings.api_key)
+
+
+def keyed_router(prefix: str, routes: tuple[tuple[str, str, Callable], ...]) -> APIRouter:
+    """A router of ``(method, path, handler)`` routes, matched in that order, each behind
+    the key check."""
+    router = APIRouter(prefix=prefix, dependencies=[Depends(require_key)])
+    for method, path, handler in routes:
+        router.add_api_route(path, handler, methods=[method])
+    return router
 
 
 def count_lines(content: bytes) -> int:
