@@ -192,3 +192,17 @@ def test_a_sampling_column_that_is_not_text_is_refused(models, tmp_path):
     rows = [{"id": "a", "body": "b", "s": 3}]
     with pytest.raises(SpecError, match="input.sampling_column"):
         run_job(validate_spec(_job(models, tmp_path, rows)), engine=FakeEngine(), progress=False)
+
+
+def test_the_fake_engines_n_samples_of_a_request_always_differ():
+    """The fake engine draws once per request and adds the choice's index, so n unseeded
+    samples never repeat each other (a draw per choice did, about one run in 700)."""
+    from nightshift.engines.base import EngineRequest, Sampling
+
+    engine, sampling = FakeEngine(), Sampling(n=3, temperature=0.8, max_tokens=2)
+    for key in range(2000):
+        choices = engine._one(EngineRequest(key, [1, 2, key % 50], sampling), sampling).choices
+        assert len({c.text for c in choices}) == 3, key
+    seeded = Sampling(n=2, temperature=0.8, max_tokens=2, seed=4)
+    first, again = (engine._one(EngineRequest(k, [9], seeded), seeded) for k in (0, 1))
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]

@@ -280,7 +280,10 @@ class FakeEngine:
             return self._embedding(request.key, ids, cached, sampling.pooling)
         if self._noise and _digest([*ids, -2]) % 10_000 < self._noise * 10_000:
             ids = [*ids, -3]  # the answer of another prompt; the counts stay this one's
-        choices = tuple(self._choice(ids, sampling, i) for i in range(sampling.n))
+        # One draw per request, the choice's index on top: a request's n samples always
+        # differ from each other (a draw per choice could repeat one, about 1 run in 700).
+        draw = sampling.seed if sampling.seed is not None else self._rng.getrandbits(48)
+        choices = tuple(self._choice(ids, sampling, draw + i) for i in range(sampling.n))
         out = sum(c.output_tokens for c in choices)
         s = self._stats
         s.prompt_tokens += len(request.token_ids)
@@ -317,12 +320,12 @@ class FakeEngine:
         s.prefill_seconds += len(ids) * 1e-6
         return EngineResult(key, "", "stop", len(ids), 0, cached, embedding=tuple(vector))
 
-    def _choice(self, ids: list[int], sampling: Sampling, index: int) -> Choice:
-        """Answer ``index`` of a prompt: cut at the first stop string it holds (as vLLM's
+    def _choice(self, ids: list[int], sampling: Sampling, draw: int) -> Choice:
+        """One answer to a prompt, from the request's ``draw`` (its seed, or a fresh random
+        number, plus the choice's index): cut at the first stop string it holds (as vLLM's
         ``stop``), with made-up logprobs when asked. Choices differ only when sampled;
         with a seed a sample repeats, without one it does not."""
-        salt = sampling.seed if sampling.seed is not None else self._rng.getrandbits(48)
-        seed = _digest(ids) + (index + salt if sampling.temperature > 0 else 0)
+        seed = _digest(ids) + (draw if sampling.temperature > 0 else 0)
         text, finish = self._answer(seed, sampling)
         found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
         stop_sequence = None
