@@ -200,9 +200,9 @@ def test_the_fake_engines_n_samples_of_a_request_always_differ():
     from nightshift.engines.base import EngineRequest, Sampling
 
     engine, sampling = FakeEngine(), Sampling(n=3, temperature=0.8, max_tokens=2)
-    for key in range(2000):
-        choices = engine._one(EngineRequest(key, [1, 2, key % 50], sampling), sampling).choices
-        assert len({c.text for c in choices}) == 3, key
+    requests = [EngineRequest(key, [1, 2, key % 50]) for key in range(2000)]
+    for result in engine.run(requests, sampling):
+        assert len({c.text for c in result.choices}) == 3, result.key
     seeded = Sampling(n=2, temperature=0.8, max_tokens=2, seed=4)
-    first, again = (engine._one(EngineRequest(k, [9], seeded), seeded) for k in (0, 1))
+    first, again = engine.run([EngineRequest(k, [9]) for k in (0, 1)], seeded)
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
