@@ -181,3 +181,60 @@ def test_a_plan_from_before_every_file_was_hashed_says_so(model):
     old = {"model.identity": {"files": {}, "weights": {"model.safetensors": 1006144}}}
     [change] = changed_keys(old, {"model.identity": model_identity(str(model))})
     assert change.startswith("model.identity (recorded by an older nightshift")
+
+
+def _record_engine(plan_json: Path, engine: dict | None) -> None:
+    """Rewrite a finished run's plan.json as if another engine version (None: a
+    nightshift from before versions were recorded) had made it."""
+    from nightshift.jobs.fingerprint import fingerprint
+
+    manifest = json.loads(plan_json.read_text())
+    inputs = manifest["fingerprint_inputs"]
+    inputs.pop("engine")
+    if engine is not None:
+        inputs["engine"] = engine
+    manifest["fingerprint"] = fingerprint(inputs)
+    plan_json.write_text(json.dumps(manifest))
+
+
+def test_an_engine_version_change_refuses_the_resume_naming_both(models, ticket_dir, tmp_path):
+    """An engine upgrade can change answers: a resume under another version is refused,
+    naming both; a plan from before versions were recorded still resumes; the report
+    names the engine and its version."""
+    import yaml
+
+    from nightshift.engines.identity import FAKE_ENGINE_VERSION
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(spec_dict(models["chat"], ticket_dir, tmp_path / "out")))
+    args = [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(spec), "-q"]
+    args += ["--set", "run.engine=fake"]
+    assert subprocess.run(args, capture_output=True, text=True).returncode == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["engine"]["version"] == FAKE_ENGINE_VERSION
+    plan_json = tmp_path / "out" / "plan" / "plan.json"
+    recorded = json.loads(plan_json.read_text())["fingerprint_inputs"]["engine"]
+    assert recorded == {"name": "fake", "version": FAKE_ENGINE_VERSION}
+
+    _record_engine(plan_json, {"name": "fake", "version": "0.9-old"})
+    refused = subprocess.run(args, capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert "made with fake 0.9-old" in last and f"this is fake {FAKE_ENGINE_VERSION}" in last
+
+    _record_engine(plan_json, None)
+    again = subprocess.run(args, capture_output=True, text=True)
+    assert again.returncode == 0 and "0 by this run" in again.stdout, again.stderr
+
+
+def test_the_response_cache_never_serves_across_engine_versions():
+    from nightshift.engines.base import Sampling
+    from nightshift.io.responsecache import scope_digest
+    from nightshift.scheduling.cachescope import cache_scope
+
+    inputs = {"model.identity": {"files": {"a": "1"}}, "engine": {"name": "vllm", "version": "1"}}
+    upgraded = {**inputs, "engine": {"name": "vllm", "version": "2"}}
+    sampling = Sampling(max_tokens=8)
+    assert scope_digest(cache_scope(inputs, sampling)) != scope_digest(
+        cache_scope(upgraded, sampling)
+    )

@@ -5,7 +5,8 @@ would mix answers from two different prompts, models or sampling settings (a sta
 checkpoint reused after the prompt changed is a classic way to ruin a dataset).
 
 What counts: the model and tokenizer (by the content of the files that define them, not
-by path; see ``jobs.modelfiles``), the input's id and kept columns, the prompt, the task,
+by path; see ``jobs.modelfiles``), the LoRA adapters and the column that picks one per
+record, the input's id, kept and sampling columns, the prompt, the task,
 sampling, and the engine settings that change the numbers (weights dtype, KV cache dtype,
 context length, any ``engine.extra`` not known to be harmless). What does not: where the
 output goes, shard sizes, batch sizes, memory settings, prices. (Batch composition does
@@ -20,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nightshift.engines.identity import describe, engine_identity
 from nightshift.engines.tokenizer import model_source
 from nightshift.jobs.modelfiles import folder_identity
 from nightshift.jobs.spec import JobSpec
@@ -57,6 +59,8 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
         "model.max_model_len": spec.model.max_model_len,
         "engine.kv_cache_dtype": spec.engine.kv_cache_dtype,
         "engine.extra": extra,
+        # which engine at which version: an upgrade can change answers (engines.identity)
+        "engine": engine_identity(spec.run.engine),
     }
     if spec.model.adapters:  # each adapter by content: a changed one is refused on resume
         inputs["model.adapters"] = {n: model_identity(p) for n, p in spec.model.adapters.items()}
@@ -64,6 +68,8 @@ def result_inputs(spec: JobSpec) -> dict[str, Any]:
         inputs["embed"] = data["embed"]
     if spec.input.sampling_column is not None:  # set only where used: older prints stay
         inputs["input.sampling_column"] = spec.input.sampling_column
+    if spec.input.adapter_column is not None:  # it picks the model that answers each record
+        inputs["input.adapter_column"] = spec.input.adapter_column
     return inputs
 
 
@@ -80,13 +86,26 @@ def fingerprint(inputs: dict[str, Any]) -> str:
 
 def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Which fingerprinted keys differ, for the refusal message; a model folder's
-    changed files by name (``model.path files chat_template.jinja``)."""
+    changed files by name (``model.path files chat_template.jinja``), an engine by its
+    versions. A plan from before engine versions were recorded has no ``engine`` entry:
+    its run is resumable under any engine (nothing says which one made it)."""
     changed = []
     for key in sorted(before.keys() | after.keys()):
         old, new = before.get(key), after.get(key)
+        if key == "engine" and old is None:
+            continue
         if old != new:
-            changed.append(_changed_files(key, old, new) or key)
+            changed.append(_changed_engine(key, old, new) or _changed_files(key, old, new) or key)
     return changed
+
+
+def _changed_engine(key: str, old: Any, new: Any) -> str | None:
+    if key != "engine":
+        return None
+    return (
+        f"engine (the run was made with {describe(old)}, this is {describe(new)}; an engine "
+        "upgrade can change answers: install the version it was made with to resume it)"
+    )
 
 
 def _changed_files(key: str, old: Any, new: Any) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineStats
+from nightshift.engines.identity import engine_identity
 from nightshift.jobs.spec import CostSpec
 from nightshift.reports.quality import quality_summary_lines
 from nightshift.running.canary import summary_line
@@ -134,6 +135,9 @@ def _engine_section(info: EngineInfo | None, stats: EngineStats) -> dict[str, An
         return {}
     return {
         "name": info.name,
+        # the distribution and version that answered (an answer-changing setting)
+        "version": engine_identity(info.name)["version"],
+        "distribution": engine_identity(info.name)["name"],
         "kv_cache_dtype": info.kv_cache_dtype,
         "kv_cache_tokens": info.kv_cache_tokens,
         "block_size": info.block_size,

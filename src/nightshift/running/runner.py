@@ -130,6 +130,8 @@ def _resumable_plan(
         return None
     if manifest.get("fingerprint") != stamp["fingerprint"]:
         changed = changed_keys(manifest.get("fingerprint_inputs", {}), stamp["fingerprint_inputs"])
+        if not changed and "engine" not in manifest.get("fingerprint_inputs", {}):
+            return manifest  # a plan from before engine versions were recorded: same job
         raise OutputExistsError(
             f"output.path: {output.location} holds a run of a different job "
             f"({', '.join(changed)} changed); run the spec it was made with to resume it, "

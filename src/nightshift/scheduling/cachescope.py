@@ -22,6 +22,7 @@ SCOPE_KEYS = (
     "model.max_model_len",
     "engine.kv_cache_dtype",
     "engine.extra",
+    "engine",  # never an answer across engine versions (engines.identity)
 )
 SAMPLE_ANSWERS = 500
 
