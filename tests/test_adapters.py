@@ -133,3 +133,20 @@ def test_the_server_lists_and_serves_its_adapters(serve, models, tmp_path):
     lora = build_lora_adapter(models["chat"], tmp_path / "lora-x", seed=4)
     server = serve("--set", "run.engine=fake", "--adapter", f"support={lora}")
     assert [m.id for m in server.openai().models.list()] == ["demo", "support"]
+
+
+@pytest.mark.parametrize("column", [None, "lora_renamed"])
+def test_a_removed_or_renamed_adapter_column_is_refused_on_resume(
+    models, tmp_path, write_spec, column
+):
+    """The column decides which model answers each record: a resume without it would
+    answer the records left on the base model (or fail on a column the plan lacks)."""
+    data = adapter_job(models, tmp_path)
+    run(write_spec(data))
+    changed = {k: v for k, v in data["input"].items() if k != "adapter_column"}
+    if column is not None:
+        changed["adapter_column"] = column
+    spec = write_spec({**data, "input": changed}, "resume.yaml")
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake"])
+    assert result.exit_code == 2, result.output
+    assert "input.adapter_column changed" in result.output
