@@ -156,3 +156,40 @@ def test_the_plan_decides_which_eval_column_is_kept():
     planned_with = planned_without + ["true_label"]
     assert kept_columns(scored, planned_without) == ["subject"]  # eval added on resume
     assert kept_columns(plain, planned_with) == ["subject", "true_label"]  # eval dropped
+
+
+def test_every_share_carries_its_wilson_interval_from_the_counts():
+    """accuracy, coverage, each label's precision and recall: each interval is the Wilson
+    interval of the counts behind the share, and the words people read show it."""
+    from nightshift.evaluation.intervals import wilson
+    from nightshift.reports.quality import quality_summary_lines, quality_table_lines
+
+    rows = [(i, "a" if i % 3 else "b", "a" if i % 4 else "b") for i in range(40)]
+    ok, failed, rejected = frames(rows, failed=[(99, "a", "x")], rejected=[(98, "b")])
+    q = score("classify", ["a", "b"], ok, failed, rejected)
+    truth, answer = [t for _, t, _ in rows], [p for _, _, p in rows]
+    correct = sum(t == p for t, p in zip(truth, answer, strict=True))
+    assert q["accuracy_ci"] == wilson(correct, 40)
+    assert q["coverage_ci"] == wilson(40, 42)
+    assert q["accuracy_of_labelled_ci"] == wilson(correct, 42)
+    a = q["per_label"]["a"]
+    hits = sum(t == p == "a" for t, p in zip(truth, answer, strict=True))
+    assert a["recall_ci"] == wilson(hits, truth.count("a"))
+    assert a["precision_ci"] == wilson(hits, answer.count("a"))
+    low, high = q["accuracy_ci"]
+    shown = f"95% CI {low * 100:.1f}-{high:.1%}"
+    q = {**q, "column": "t", "source": "s"}
+    assert shown in quality_summary_lines({"quality": q}, False)[0]
+    assert any(shown in line for line in quality_table_lines(q))
+
+
+def test_extract_fields_and_exact_match_carry_intervals():
+    from nightshift.evaluation.intervals import wilson
+
+    ok, failed, rejected = frames(
+        [(1, '{"a": 1, "b": 2}', '{"a": 1, "b": 3}'), (2, '{"a": 2}', '{"a": 2}')]
+    )
+    q = score("extract", [], ok, failed, rejected)
+    assert q["exact_match_rate_ci"] == wilson(1, 2)
+    assert q["per_field"]["a"]["exact_match_rate_ci"] == wilson(2, 2)
+    assert q["per_field"]["b"]["exact_match_rate_ci"] == wilson(0, 1)

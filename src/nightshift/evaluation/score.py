@@ -25,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from nightshift.evaluation import metrics
+from nightshift.evaluation.intervals import wilson
 
 RULES = (
     "accuracy and the other metrics are over answered labelled records (an ok row); failed "
@@ -82,10 +83,39 @@ def score(
         "kind": kind,
         "records": records,
         "coverage": ok.height / labelled if labelled else None,
+        "coverage_ci": wilson(ok.height, labelled),
         "accuracy_of_labelled": figures["correct"] / labelled if labelled else None,
-        **figures,
+        "accuracy_of_labelled_ci": wilson(figures["correct"], labelled),
+        **with_intervals(figures),
         "rules": RULES,
     }
+
+
+def with_intervals(figures: dict[str, Any]) -> dict[str, Any]:
+    """``figures`` with a 95% Wilson interval (``<name>_ci``, two numbers) beside every
+    share that is a count over a count: accuracy, exact match, each label's precision
+    and recall, each field's exact match. chrF and F1 are not shares of records and get
+    none. A share over no records has the interval None."""
+    out = dict(figures)
+    correct, scored = figures["correct"], figures["scored"]
+    for name in ("accuracy", "exact_match_rate"):
+        if name in figures:
+            out[f"{name}_ci"] = wilson(correct, scored)
+    if "per_label" in figures:
+        out["per_label"] = {
+            label: {
+                **m,
+                "precision_ci": wilson(round(m["precision"] * m["predicted"]), m["predicted"]),
+                "recall_ci": wilson(round(m["recall"] * m["support"]), m["support"]),
+            }
+            for label, m in figures["per_label"].items()
+        }
+    if "per_field" in figures:
+        out["per_field"] = {
+            name: {**f, "exact_match_rate_ci": wilson(f["matches"], f["records"])}
+            for name, f in figures["per_field"].items()
+        }
+    return out
 
 
 def _text(column: pl.Series) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightshift.evaluation.intervals import describe
 from nightshift.reports.format import Section, count, percent, usd
 
 NOTE = (
@@ -17,6 +18,12 @@ NOTE = (
 
 def _share(value: float | None) -> str:
     return "n/a" if value is None else percent(value)
+
+
+def _with_ci(q: dict[str, Any], name: str) -> str:
+    """A share and its 95% interval: "54.4% (95% CI 49.5-59.3%)"."""
+    interval = describe(q.get(f"{name}_ci"))
+    return _share(q.get(name)) + (f" ({interval})" if interval else "")
 
 
 def _score(value: float | None) -> str:
@@ -32,15 +39,15 @@ def quality_section(report: dict[str, Any]) -> Section | None:
     section = Section("Quality", f"{NOTE} True values: column {q['column']!r} ({q['source']}).")
     kind = q["kind"]
     if kind == "classify":
-        section.add("accuracy", _share(q["accuracy"]), "of answered labelled records")
+        section.add("accuracy", _with_ci(q, "accuracy"), "of answered labelled records")
         section.add("macro F1", _score(q["macro_f1"]))
     elif kind == "extract":
         section.add("valid JSON", _share(q["valid_json_rate"]), "of answers given")
-        section.add("exact match (whole answer)", _share(q["exact_match_rate"]), "of answered")
+        section.add("exact match (whole answer)", _with_ci(q, "exact_match_rate"), "of answered")
         for name, field in q["per_field"].items():
-            section.add(f"field {name}: exact match", _share(field["exact_match_rate"]))
+            section.add(f"field {name}: exact match", _with_ci(field, "exact_match_rate"))
     else:
-        section.add("exact match", _share(q["exact_match_rate"]), "of answered")
+        section.add("exact match", _with_ci(q, "exact_match_rate"), "of answered")
         section.add("chrF", "n/a" if q["chrf"] is None else f"{q['chrf']:.1f}", "0 to 100")
     r = q["records"]
     section.add("correct", count(q["correct"]), "records")
@@ -72,15 +79,20 @@ def confusion_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"| {_cell(label)} | " + " | ".join(count(n) for n in row) + " |")
     lines += [
         "",
-        "| label | precision | recall | F1 | support |",
+        "| label | precision (95% CI) | recall (95% CI) | F1 | support |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for label, m in q["per_label"].items():
         lines.append(
-            f"| {_cell(label)} | {_score(m['precision'])} | {_score(m['recall'])} | "
+            f"| {_cell(label)} | {_score(m['precision'])}{_bounds(m.get('precision_ci'))} | "
+            f"{_score(m['recall'])}{_bounds(m.get('recall_ci'))} | "
             f"{_score(m['f1'])} | {count(m['support'])} |"
         )
     return lines
+
+
+def _bounds(interval: list[float] | tuple[float, float] | None) -> str:
+    return "" if not interval else f" ({interval[0]:.3f}-{interval[1]:.3f})"
 
 
 def _cell(text: str) -> str:
@@ -92,15 +104,15 @@ def headline_figure(q: dict[str, Any]) -> str | None:
     if not q or q.get("error"):
         return None
     if q["kind"] == "classify":
-        return f"accuracy {_share(q['accuracy'])} of {count(q['records']['answered'])} answered"
+        return f"accuracy {_with_ci(q, 'accuracy')} of {count(q['records']['answered'])} answered"
     if q["kind"] == "extract":
         return (
             f"valid JSON {_share(q['valid_json_rate'])}, exact match "
-            f"{_share(q['exact_match_rate'])} of {count(q['records']['answered'])} answered"
+            f"{_with_ci(q, 'exact_match_rate')} of {count(q['records']['answered'])} answered"
         )
     chrf = "n/a" if q["chrf"] is None else f"{q['chrf']:.1f}"
     return (
-        f"exact match {_share(q['exact_match_rate'])}, chrF {chrf} of "
+        f"exact match {_with_ci(q, 'exact_match_rate')}, chrF {chrf} of "
         f"{count(q['records']['answered'])} answered"
     )
 
