@@ -119,6 +119,9 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
     summary = json.loads((folder / "tune.json").read_text())
     names = [c["name"] for c in summary["candidates"]]
     assert names == ["reference", "job", "max_num_seqs=4", "max_tokens=2"]
+    # not a terminal (a log): a line as each candidate ends, none redrawn in place
+    assert "tune: 2/4 candidates (50.0%) in" in result.output, result.output
+    assert "tune: 4/4 candidates (100.0%) in" in result.output
     assert summary["sample"]["records"] == 24
     by_name = {c["name"]: c for c in summary["candidates"]}
     # agreement, counted here from the two outputs: the fake's answers follow the prompt

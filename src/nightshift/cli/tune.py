@@ -6,7 +6,6 @@ the table says what each costs and how often its answers agree with the referenc
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -59,17 +58,14 @@ def tune(
       nightshift jobs tune job.yaml --write tuned.yaml
       nightshift jobs tune job.yaml --try model.path=./small,./large --no-defaults
     """
-    from tqdm import tqdm
-
-    from nightshift.console import screen
+    from nightshift.running.progresslines import progress_bar
     from nightshift.tuning.files import table_lines, write_tuned_spec
     from nightshift.tuning.tune import TuneJob, candidates_for, run_tune
 
     job = TuneJob.load(spec, overrides, folder, min_agreement, gpu)
     candidates = candidates_for(job, tries or [], defaults=not no_defaults)
-    bar = tqdm(
-        total=len(candidates), desc="candidates", file=screen(), disable=not sys.stderr.isatty()
-    )
+    # a bar on a terminal; in a log, a line as each candidate ends (they take minutes)
+    bar = progress_bar("tune", len(candidates), "candidates", every_s=0)
     try:
         summary = run_tune(job, candidates, sample, bar)
     except KeyboardInterrupt:

@@ -14,10 +14,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from nightshift.console import screen
 from nightshift.jobs.spec import CostSpec
+from nightshift.running.progresslines import progress_bar
 from nightshift.running.totals import RunTotals
 
 SAMPLE_SECONDS = 2.0  # one timeline point (and one postfix refresh) every this often
@@ -42,7 +40,7 @@ class LiveProgress:
         self._tail_marks: dict[str, float] = {}  # when 90% and 100% were answered
         self._first_answer: float | None = None
         self.last_work: float | None = None  # the last answer or commit: generation's end
-        self._bar: tqdm | None = None
+        self._bar: Any = None  # tqdm, or ProgressLines when the screen is a log
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -53,10 +51,8 @@ class LiveProgress:
         """Records this run will answer; the bar starts here."""
         with self._lock:
             self.expected = records
-            if self._bar is None:
-                self._bar = tqdm(
-                    total=records, desc="generate", unit="rec", disable=not self.show, file=screen()
-                )
+            if self._bar is None:  # a bar on a terminal, a line every 30 s in a log
+                self._bar = progress_bar("generate", records, "records", show=self.show)
 
     def answered(self, shard: int, totals: RunTotals) -> None:
         """One more record answered (ok or failed); ``totals`` are the run's so far."""

@@ -215,7 +215,11 @@ def _measure_input(
     """Pass over every input file once, in order, keeping only each record's keys."""
     parts = []
     bar = tqdm(
-        total=dataset.count_rows(), desc="plan", unit="rec", disable=not progress, file=screen()
+        total=dataset.count_rows(),
+        desc="plan",
+        unit="rec",
+        file=screen(),
+        disable=not progress or not screen().isatty(),  # a log gets no redrawn bar
     )
     for index in range(len(dataset.files)):
         row = 0
