@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -92,64 +91,11 @@ def _predicted_for(summary: dict[str, Any]) -> str:
 
 
 def chart_png(summary: dict[str, Any]) -> bytes | None:
-    """Agreement against cost per million tokens, a point per candidate; the cheapest
-    at each level of agreement (the best trade-offs) drawn filled, the choice ringed."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Agreement against cost per million tokens (tokens/s without a GPU price), a point
+    per candidate, names in a column that never overlaps (``reports.tunechart``)."""
+    from nightshift.reports.tunechart import tune_chart_png
 
-    ran = [e for e in summary["candidates"] if e.get("usd_per_million_tokens") is not None]
-    if not ran:
-        return None
-    figure = Figure(figsize=(7, 4.5), dpi=100)
-    axes = figure.add_subplot()
-    best = _frontier(ran)
-    chosen = (summary.get("chosen") or {}).get("name")
-    for e in ran:
-        y = e["agreement"] if e["agreement"] is not None else 0.0
-        on = e["name"] in best
-        axes.scatter(
-            e["usd_per_million_tokens"],
-            y,
-            s=60,
-            c="tab:blue" if on else "white",
-            edgecolors="tab:blue",
-        )
-        if e["name"] == chosen:
-            axes.scatter(
-                e["usd_per_million_tokens"], y, s=220, facecolors="none", edgecolors="tab:red"
-            )
-        axes.annotate(
-            e["name"],
-            (e["usd_per_million_tokens"], y),
-            fontsize=7,
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    axes.set_xlabel("USD per million tokens (generation, at the spec's price)")
-    axes.set_ylabel("agreement with the reference")
-    axes.set_title(
-        f"{summary['job']}: quality against cost (filled: best trade-offs, ringed: chosen)",
-        fontsize=9,
-    )
-    buffer = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buffer)
-    return buffer.getvalue()
-
-
-def _frontier(entries: list[dict[str, Any]]) -> set[str]:
-    """Candidates no other beats on both cost and agreement."""
-
-    def beaten(e):
-        return any(
-            o is not e
-            and o["usd_per_million_tokens"] <= e["usd_per_million_tokens"]
-            and (o["agreement"] or 0) >= (e["agreement"] or 0)
-            and (o["usd_per_million_tokens"], o["agreement"] or 0)
-            != (e["usd_per_million_tokens"], e["agreement"] or 0)
-            for o in entries
-        )
-
-    return {e["name"] for e in entries if not beaten(e)}
+    return tune_chart_png(summary)
 
 
 def write_tune_files(folder: Path, summary: dict[str, Any]) -> None:
