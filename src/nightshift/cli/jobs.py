@@ -82,7 +82,11 @@ def run(
 
     if overwrite and new_run:
         raise typer.BadParameter("--overwrite and --new-run exclude each other")
-    load_spec(spec, overrides)  # a bad spec fails here, before Prefect starts
+    loaded = load_spec(spec, overrides)  # a bad spec fails here, before Prefect starts
+    if workers > 1:
+        from nightshift.pipelines.launch import check_workers
+
+        check_workers(loaded, workers)  # more workers than GPUs: refused before any start
     report = run_flow_once(
         str(spec),
         overrides,

@@ -19,13 +19,13 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
-from pathlib import Path
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
+from nightshift.engines.devices import given_devices
 from nightshift.jobs.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,10 @@ def limit_name() -> str:
 
 
 def gpus_on_host() -> int:
-    """NVIDIA devices this machine shows."""
-    return len(list(Path("/dev").glob("nvidia[0-9]*")))
+    """The GPUs this host gives (``engines.devices``: an inherited CUDA_VISIBLE_DEVICES,
+    else the driver's list). The slots only queue jobs; the device locks are what keep
+    two engines off one GPU."""
+    return len(given_devices() or [])
 
 
 def host_takes_slots() -> bool:

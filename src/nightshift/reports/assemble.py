@@ -9,9 +9,11 @@ from typing import Any
 from nightshift.evaluation.quality import report_quality
 from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
+from nightshift.reports.reasoning import reasoning_section
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.running.canary import canary_section
 from nightshift.running.engines import EnginePool
+from nightshift.running.placement import placement_section
 from nightshift.running.runner import JobRun
 from nightshift.running.workerstats import tail_seconds
 
@@ -83,6 +85,7 @@ def _report(
         # Engines killed as hung (run.stall_s); their shards went on on a fresh engine.
         "engine_stalls": runner.engine_stalls,
     }
+    report["placement"] = placement_section(engines.placements)  # which GPUs ran what
     if stopped is not None:  # stopped early (a signal, a cancellation): rerun to finish
         report["stopped"] = stopped
     report["prefix_reuse"] = prefix_reuse_section(manifest["prefix_reuse"], report["tokens"])
@@ -105,6 +108,9 @@ def _report(
     if dimension:  # embed: every vector's size, and whether it is of length 1
         normalized = spec.embed.normalize if spec.embed else True
         report["embedding"] = {"dimension": dimension, "normalized": normalized}
+    reasoning = reasoning_section(spec, markers, runner.totals)
+    if reasoning is not None:  # model.reasoning: the thinking tokens, apart from answers
+        report["reasoning"] = reasoning
     calibration = runner.calibration.section()
     if calibration is not None:  # classify: what the labels were corrected by
         report["calibration"] = calibration

@@ -18,6 +18,7 @@ from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineFatalError, RunStoppedError
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.lora import adapter_folders, lora_arguments
+from nightshift.running.placement import placement_entry, start_placed
 
 # The engine kept warm between runs lives in warm; its pool is imported from here too.
 from nightshift.running.warm import WarmEngines as WarmEngines
@@ -72,6 +73,8 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
     }
     if e.block_size is not None:
         args["block_size"] = e.block_size
+    if m.reasoning:  # vLLM caps the thinking and guides only the answer after it
+        args["reasoning_parser"] = m.reasoning
     args.update(lora_arguments(spec))
     if spec.task.kind == "embed":
         # the pooling runner (a generative model is converted: last token, normalized)
@@ -106,12 +109,18 @@ ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _
 
 
 def build_engine(spec: JobSpec) -> Engine:
-    """A new engine for ``spec``, or a loan of the warm one (``running.warm``) when this
-    process keeps one and it was started with the same settings."""
+    """A new engine for ``spec`` on devices it holds (``running.placement``), or a loan of
+    the warm one (``running.warm``) when this process keeps one started with the same
+    settings."""
+
+    def start() -> Engine:
+        tp = spec.engine.tensor_parallel_size
+        return start_placed(tp, lambda: ENGINES[spec.run.engine](spec))
+
     warm = warm_pool()
     if warm is not None:
-        return warm.lend(_engine_key(spec), lambda: ENGINES[spec.run.engine](spec))
-    return ENGINES[spec.run.engine](spec)
+        return warm.lend(_engine_key(spec), start)
+    return start()
 
 
 def _engine_key(spec: JobSpec) -> str:
@@ -251,6 +260,8 @@ class EnginePool:
     _waiting: EngineStart | None = None  # the start ``acquire`` waits for now
     _stopping: bool = False  # a stop abandoned the start: no engine for this run
     _before: EngineStats = field(default_factory=EngineStats)
+    # Where each engine started ran: one ``running.placement.placement_entry`` per start.
+    placements: list[dict[str, Any]] = field(default_factory=list)
 
     def start_early(self) -> None:
         """Start building the engine now, in the background; ``acquire`` waits for it."""
@@ -277,6 +288,7 @@ class EnginePool:
             self._waiting = None
             self._count_start(start)
         self._before = EngineStats()
+        self.placements.append(placement_entry(self._engine))
         return self._engine
 
     def _count_start(self, start: EngineStart) -> None:

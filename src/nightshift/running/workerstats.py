@@ -46,6 +46,7 @@ def write_worker_figures(job: JobRun, engines: EnginePool, worker: str) -> None:
             "starts": engines.starts,
             "stats": asdict(engines.stats),
             "info": asdict(engines.info) if engines.info else None,
+            "placement": [{**p, "worker": worker} for p in engines.placements],
         },
         "samples": clock.samples,
         "shard_times": clock.shard_table(),
@@ -72,6 +73,7 @@ def absorb_worker_figures(job: JobRun, engines: EnginePool, figures: list[dict])
         engines.stats = engines.stats.plus(EngineStats(**engine["stats"]))
         engines.startup_s = max(engines.startup_s, engine["startup_s"])  # they start together
         engines.starts += engine["starts"]
+        engines.placements += engine.get("placement", [])  # an older worker's: none
         if engine["info"]:
             engines.info = EngineInfo(**engine["info"])
     committed = set(runner.committed)
