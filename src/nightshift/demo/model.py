@@ -50,8 +50,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
     )
 
 
-def build_model(directory: Path, texts: Iterable[str], seed: int = 0, chat: bool = True) -> Path:
-    """Write a tokenizer and random Llama weights to ``directory``; returns it."""
+def build_model(
+    directory: Path,
+    texts: Iterable[str],
+    seed: int = 0,
+    chat: bool = True,
+    reasoning: bool = False,
+) -> Path:
+    """Write a tokenizer and random Llama weights to ``directory``; returns it.
+    ``reasoning``: the variant with think tokens and a template that opens thinking
+    (``demo.reasoning``)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -59,6 +67,10 @@ def build_model(directory: Path, texts: Iterable[str], seed: int = 0, chat: bool
     tokenizer = train_tokenizer(texts)
     if not chat:
         tokenizer.chat_template = None
+    if reasoning:
+        from nightshift.demo.reasoning import add_think_tokens
+
+        add_think_tokens(tokenizer)
     tokenizer.save_pretrained(directory)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
