@@ -8,6 +8,7 @@ import math
 
 import polars as pl
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from nightshift.cli import app
@@ -22,6 +23,7 @@ from .conftest import spec_dict, write_records
 
 runner = CliRunner()
 LABELS = ["billing", "bug", "account", "other"]
+FAKE = ["--set", "run.engine=fake"]  # a plan is made for the engine that runs it
 SCORED = ["payment", "defect", "login", "general"]  # distinct first tokens, tiny model too
 
 
@@ -167,7 +169,7 @@ def test_a_run_measures_once_keeps_the_measure_and_labels_every_row_by_it(
 def test_a_stored_measure_is_taken_up_not_measured_again(models, tmp_path, write_spec):
     out = tmp_path / "out"
     spec = _run(tmp_path, models, write_spec)
-    planned = runner.invoke(app, ["jobs", "plan", str(spec), "--write"])
+    planned = runner.invoke(app, ["jobs", "plan", str(spec), "--write", *FAKE])
     assert planned.exit_code == 0, planned.output
     # a measure that says the model leans away from "general" by far: every row is that
     lean = {
@@ -189,7 +191,7 @@ def test_an_output_planned_before_scoring_keeps_guided_choice(models, tmp_path, 
     resuming it goes on so, and one output never mixes two ways of labelling."""
     out = tmp_path / "out"
     spec = _run(tmp_path, models, write_spec)
-    assert runner.invoke(app, ["jobs", "plan", str(spec), "--write"]).exit_code == 0
+    assert runner.invoke(app, ["jobs", "plan", str(spec), "--write", *FAKE]).exit_code == 0
     manifest = json.loads((out / "plan" / "plan.json").read_text())
     assert manifest.pop("labels_by") == "score"
     (out / "plan" / "plan.json").write_text(json.dumps(manifest))
@@ -199,3 +201,84 @@ def test_an_output_planned_before_scoring_keeps_guided_choice(models, tmp_path, 
     assert rows.height == 90 and rows["confidence"].is_null().all()
     assert not (out / "plan" / "calibration.json").exists()
     assert "calibration" not in json.loads((out / "report.json").read_text())
+
+
+def _adapter_job(models, tmp_path, write_spec, **sections):
+    """90 records: a third under adapter a, a third under b, a third on the base model."""
+    from nightshift.demo.adapters import build_lora_adapter
+
+    base = models["chat"]
+    adapters = {n: str(build_lora_adapter(base, tmp_path / f"lora-{n}", seed=i))
+                for i, n in enumerate(["a", "b"])}  # fmt: skip
+    rows = [
+        {"ticket_id": i, "subject": f"s{i % 3}", "body": f"ticket {i} on {i % 7}",
+         "lora": ["a", "b", None][i % 3], "own": json.dumps({"temperature": 0.5 + i % 2})}
+        for i in range(90)
+    ]  # fmt: skip
+    input_path = write_records(tmp_path / "in" / "t.parquet", rows)
+    labels = {"kind": "classify", "labels": SCORED}
+    data = spec_dict(base, input_path, tmp_path / "out", task=labels, **sections)
+    data["model"] = {**data["model"], "adapters": adapters}
+    data["input"] = {**data["input"], "adapter_column": "lora", "keep_columns": ["lora"]}
+    return write_spec(data)
+
+
+def test_each_adapter_is_calibrated_on_its_own_records_under_it(models, tmp_path, write_spec):
+    out = tmp_path / "out"
+    spec = _adapter_job(models, tmp_path, write_spec, plan={"shard_records": 30})
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    stored = json.loads((out / "plan" / "calibration.json").read_text())
+    each = {e["adapter"]: e for e in stored["adapters"]}
+    assert set(each) == {"a", "b", None}
+    assert all(e["records"] == 30 for e in each.values())  # all 30 of each: under 32
+    leanings = {tuple(e["mean_probability"]) for e in each.values()}
+    assert len(leanings) == 3  # each adapter leans its own way, the base model its own
+    report = json.loads((out / "report.json").read_text())["calibration"]
+    assert [e["adapter"] for e in report["adapters"]] == ["a", "b", None]
+
+
+def test_each_adapters_records_are_labelled_by_its_own_measure(models, tmp_path, write_spec):
+    out = tmp_path / "out"
+    spec = _adapter_job(models, tmp_path, write_spec)
+    assert runner.invoke(app, ["jobs", "plan", str(spec), "--write", *FAKE]).exit_code == 0
+    # adapter a leans away from "general" by far; the base model and b lean nowhere
+    none = {"records": 5, "mean_probability": [0.25] * 4, "log_prior": [0.0] * 4}
+    lean = {"records": 5, "mean_probability": [0.33, 0.33, 0.33, 0.01],
+            "log_prior": [20.0, 20.0, 20.0, -20.0]}  # fmt: skip
+    stored = {"labels": SCORED, **none, "adapters": [
+        {"adapter": "a", **lean}, {"adapter": "b", **none}, {"adapter": None, **none}]}  # fmt: skip
+    (out / "plan" / "calibration.json").write_text(json.dumps(stored))
+    result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    rows = pl.read_parquet(out / "results" / "*.parquet")
+    assert rows.height == 90
+    assert (rows.filter(pl.col("lora") == "a")["label"] == "general").all()
+    others = rows.filter(pl.col("lora").is_null() | (pl.col("lora") == "b"))
+    assert others["label"].n_unique() > 1
+
+
+def test_the_sample_runs_as_the_run_sends_each_record(models, tmp_path, write_spec):
+    """Calibration requests carry each record's adapter and its own sampling (over the
+    scoring step); a scored job with input.sampling_column answers every record."""
+    from nightshift.io.outputs import JobOutput
+    from nightshift.jobs.loading import load_spec
+    from nightshift.running.calibration import sample_requests
+    from nightshift.scheduling.plan import load_encoder
+
+    out = tmp_path / "out"
+    data = yaml.safe_load(_adapter_job(models, tmp_path, write_spec).read_text())
+    data["input"]["sampling_column"] = "own"
+    spec_file = write_spec(data)
+    result = runner.invoke(app, ["jobs", "run", str(spec_file), "--set", "run.engine=fake", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "90 ok, 0 rejected, 0 failed" in result.output  # each record's scores came back
+    spec = load_spec(spec_file)
+    plans = JobOutput(str(out)).plans
+    handler_sampling = sampling_for(spec, handler_for(spec.task, lambda t: [ord(t[0])]))
+    requests = sample_requests(
+        spec, plans, plans.manifest(), load_encoder(spec), iter(range(10**6)), handler_sampling
+    )
+    assert {r.adapter for r in requests} == {"a", "b", None}
+    assert {r.sampling.temperature for r in requests} == {0.5, 1.5}
+    assert all(r.sampling.score_tokens and r.sampling.max_tokens == 1 for r in requests)

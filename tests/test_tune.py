@@ -14,7 +14,7 @@ from nightshift.errors import SpecError
 from nightshift.jobs.loading import load_spec, validate_spec
 from nightshift.tuning.candidates import default_candidates, parse_tries, split_values
 from nightshift.tuning.sample import default_size, sample_ids
-from nightshift.tuning.tune import choose
+from nightshift.tuning.verdict import choose
 
 from .conftest import spec_dict, write_records
 
@@ -65,17 +65,36 @@ def test_the_sample_is_a_few_runs_of_consecutive_records_in_plan_order(models, t
     assert default_size(200) == 16  # the smallest sample, a tenth of the job at most
 
 
-def test_choose_takes_the_fastest_that_agrees_and_says_its_gain():
-    entries = [
-        {"name": "reference", "sets": {}, "tokens_per_s": 100.0, "agreement": 1.0},
-        {"name": "job", "sets": {}, "tokens_per_s": 120.0, "agreement": 0.99},
-        {"name": "fast", "sets": {"a": 1}, "tokens_per_s": 200.0, "agreement": 0.9},
-        {"name": "good", "sets": {"b": 2}, "tokens_per_s": 150.0, "agreement": 0.985},
-        {"name": "broken", "sets": {}, "error": "no"},
-    ]
-    assert choose(entries, 0.98) == {"name": "good", "sets": {"b": 2}, "speedup_over_job": 1.25}
-    assert choose(entries, 0.5)["name"] == "fast"
-    assert choose(entries[4:], 0.5) is None
+def test_choose_keeps_the_job_unless_a_candidate_beats_it_beyond_the_spread():
+    def entry(name, rounds, ci=(0.99, 1.0), **more):
+        speed = sorted(rounds)[len(rounds) // 2]
+        return {
+            "name": name,
+            "sets": {name: 1},
+            "tokens_per_s": speed,
+            "rounds_tokens_per_s": rounds,
+            "agreement_ci": ci,
+            **more,
+        }
+
+    job = entry("job", [100.0, 120.0])
+    within = entry("within", [115.0, 130.0])  # its slowest round is under the job's fastest
+    assert choose([job, within], 0.98)["name"] == "job"
+    assert choose([job, within], 0.98)["why"] == "no candidate beats the job's setting beyond noise"
+    beyond = entry("beyond", [125.0, 135.0])
+    assert choose([job, within, beyond], 0.98) == {
+        "name": "beyond",
+        "sets": {"beyond": 1},
+        "speedup_over_job": 1.125,
+        "why": "beats the job's setting beyond the rounds' spread",
+        "is_job": False,
+    }
+    # faster, but its agreement interval reaches under the bar: not chosen
+    assert choose([job, entry("unsure", [200.0, 210.0], ci=(0.95, 1.0))], 0.98)["name"] == "job"
+    # faster, but its round could not show its batch limit: never chosen
+    blind = entry("blind", [300.0, 310.0], not_measurable="not measurable on this sample")
+    assert choose([job, blind], 0.98)["name"] == "job"
+    assert choose([{"name": "job", "error": "no"}], 0.5) is None
 
 
 def generate_job(models, tmp_path, records: int, max_tokens: int) -> dict:
@@ -122,7 +141,7 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
     # not a terminal (a log): a line as each candidate ends, none redrawn in place
     assert "tune: 2/4 candidates (50.0%) in" in result.output, result.output
     assert "tune: 4/4 candidates (100.0%) in" in result.output
-    assert summary["sample"]["records"] == 24
+    assert summary["sample"]["per_round"] == 24 and summary["sample"]["records"] == 48
     by_name = {c["name"]: c for c in summary["candidates"]}
     # agreement, counted here from the two outputs: the fake's answers follow the prompt
     # and sampling, not engine settings; shorter answers differ from the reference's
@@ -151,12 +170,12 @@ def test_jobs_tune_measures_each_candidate_and_writes_the_chosen_spec(models, tm
     assert (folder / "tune.png").read_bytes()[:4] == b"\x89PNG"
     assert "| max_tokens=2 |" in (folder / "tune.md").read_text()
     written = tuned.read_text()
-    assert written.startswith("# Tuned by `nightshift jobs tune` on 24 of 200 records")
+    assert written.startswith("# Tuned by `nightshift jobs tune` on 48 of 200 records")
     assert load_spec(tuned).name == data["name"]
 
 
 def _texts(out: str) -> dict:
-    rows = pl.read_parquet(f"{out}/results/*.parquet")
+    rows = pl.read_parquet(f"{out}/round-*/results/*.parquet")
     return dict(zip(rows["ticket_id"].to_list(), rows["text"].to_list(), strict=True))
 
 

@@ -21,7 +21,19 @@ def tune(
         None,
         "--sample",
         min=1,
-        help="Records in the sample (default: 5% of the job, 16 to 2,000, at most a tenth).",
+        help="Records in each round (default: twice the largest max_num_seqs tried, and "
+        "enough tokens for max_num_batched_tokens to bind, up to half the job in all rounds).",
+    ),
+    rounds: int = typer.Option(
+        2, "--rounds", min=2, help="Rounds per candidate, each on other records: the spread."
+    ),
+    grid: bool = typer.Option(
+        False, "--grid", help="Run every combination of the --try values, not each alone."
+    ),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Then run the whole job under the chosen setting and its own: the gain measured.",
     ),
     tries: list[str] = typer.Option(
         [],
@@ -48,26 +60,37 @@ def tune(
 ) -> None:
     """Measure candidate settings on a sample of the job's records and pick one.
 
-    Per candidate: tokens/s, cost, the binding limit, and agreement with the reference
-    answers (KV cache in the model's dtype, no speculation), plus accuracy with eval.
-    Writes tune.json, tune.md and tune.png; --write writes the spec with the fastest
-    setting whose agreement is at least --min-agreement.
+    Per candidate, over --rounds rounds on one engine: tokens/s and its spread, cost, the
+    binding limit, agreement with the reference answers (KV cache in the model's dtype,
+    no speculation) with its 95% interval, plus accuracy and flips with eval labels. A
+    candidate whose round was too small for its batch is not measurable, never chosen.
+    The job's own setting is kept unless a candidate beats it beyond the spread with its
+    agreement interval at or above --min-agreement. Writes tune.json, tune.md and
+    tune.png; --write writes the spec with the chosen setting.
 
     Examples:
 
       nightshift jobs tune job.yaml --write tuned.yaml
       nightshift jobs tune job.yaml --try model.path=./small,./large --no-defaults
+      nightshift jobs tune job.yaml --no-defaults --grid --check \\
+        --try engine.max_num_seqs=16,64,256 --try engine.max_num_batched_tokens=1024,8192
     """
     from nightshift.running.progresslines import progress_bar
-    from nightshift.tuning.files import table_lines, write_tuned_spec
+    from nightshift.tuning.check import check_line, run_check
+    from nightshift.tuning.files import (
+        chosen_lines,
+        table_lines,
+        write_tune_files,
+        write_tuned_spec,
+    )
     from nightshift.tuning.tune import TuneJob, candidates_for, run_tune
 
     job = TuneJob.load(spec, overrides, folder, min_agreement, gpu)
-    candidates = candidates_for(job, tries or [], defaults=not no_defaults)
+    candidates = candidates_for(job, tries or [], defaults=not no_defaults, grid=grid)
     # a bar on a terminal; in a log, a line as each candidate ends (they take minutes)
     bar = progress_bar("tune", len(candidates), "candidates", every_s=0)
     try:
-        summary = run_tune(job, candidates, sample, bar)
+        summary = run_tune(job, candidates, sample, bar, rounds)
     except KeyboardInterrupt:
         typer.echo(f"stopped: what was measured is in {job.folder}", err=True)
         raise typer.Exit(130) from None
@@ -75,20 +98,18 @@ def tune(
         bar.close()
     for line in table_lines(summary):
         typer.echo(line)
+    for line in chosen_lines(summary):
+        typer.echo(line.replace("**", ""))
+    if check:
+        typer.echo("check: running the whole job under its own setting and the chosen one")
+        summary["check"] = run_check(job, summary)
+        write_tune_files(job.folder, summary)
+        typer.echo(check_line(summary["check"]))
     chosen = summary.get("chosen")
-    typer.echo(_chosen_line(chosen, min_agreement))
     typer.echo(f"tune: {job.folder / 'tune.md'} (and tune.json, tune.png beside it)")
     if write is not None and chosen is not None:
         write_tuned_spec(write, job.data, summary)
         typer.echo(f"wrote {write}")
-
-
-def _chosen_line(chosen: dict | None, min_agreement: float) -> str:
-    if chosen is None:
-        return f"no candidate kept {min_agreement:.0%} agreement with the reference"
-    gain = chosen.get("speedup_over_job")
-    told = f": {gain:.2f}x the job's tokens/s" if gain else ""
-    return f"chosen: {chosen['name']}{told}"
 
 
 def register(jobs_app: typer.Typer) -> None:

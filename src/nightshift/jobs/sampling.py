@@ -153,10 +153,11 @@ def sampling_key(sampling: Sampling) -> str:
 class SamplingColumn:
     """A job's per-record sampling: each distinct column value parsed and merged once."""
 
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, job: Sampling | None = None) -> None:
         self.column = spec.input.sampling_column
         self.task = handler_for(spec.task)
-        self.job = sampling_for(spec, self.task)
+        # the run's own sampling (a classify job's scoring step), else the job's as written
+        self.job = job if job is not None else sampling_for(spec, self.task)
         self._seen: dict[str | None, tuple[RecordSampling, Sampling] | RecordError] = {}
 
     def resolve(self, text: str | None) -> tuple[RecordSampling, Sampling]:
@@ -165,7 +166,7 @@ class SamplingColumn:
         if found is None:
             try:
                 override = parse_record_sampling(text, self.task)
-                found = (override, merge_sampling(self.job, override, self.task.min_tokens))
+                found = (override, self._merged(override))
             except RecordError as exc:
                 found = exc
             if len(self._seen) > 100_000:  # bounded: every record may be its own
@@ -178,7 +179,22 @@ class SamplingColumn:
     def sampling(self, text: str | None) -> Sampling:
         return self.resolve(text)[1]
 
+    def _merged(self, override: RecordSampling) -> Sampling:
+        merged = merge_sampling(self.job, override, self.task.min_tokens)
+        if not self.job.score_tokens:
+            return merged
+        # classify by score reads its label from the scores, whatever else the record
+        # asks: the scoring step stays as it is (a record's answer budget or schema
+        # would only generate text no one reads)
+        job = self.job
+        return dataclasses.replace(
+            merged, max_tokens=job.max_tokens, n=1, constraint=job.constraint
+        )
 
-def sampling_column(spec: JobSpec) -> SamplingColumn | None:
-    """The job's per-record sampling, or None when it has no ``input.sampling_column``."""
-    return SamplingColumn(spec) if spec.input.sampling_column is not None else None
+
+def sampling_column(spec: JobSpec, job: Sampling | None = None) -> SamplingColumn | None:
+    """The job's per-record sampling, or None when it has no ``input.sampling_column``;
+    ``job``: the sampling the run sends (a scored classify job's step), laid under each."""
+    if spec.input.sampling_column is None:
+        return None
+    return SamplingColumn(spec, job)

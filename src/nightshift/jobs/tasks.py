@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +44,11 @@ class TaskHandler:
     def parse_result(self, result: EngineResult) -> dict[str, Any]:
         """The task's columns of one answer; ``RecordError`` when it is no valid answer."""
         return self.parse(result.text, result.finish_reason, result.scores)
+
+    def under(self, adapter: str | None) -> TaskHandler:
+        """The handler that reads answers given under LoRA ``adapter`` (None: the base
+        model): this one, but for classify calibrated per adapter."""
+        return self
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class LabelScoring:
 @dataclass(frozen=True)
 class ClassifyHandler(TaskHandler):
     scoring: LabelScoring | None = None  # None: guided choice
+    # calibrated per LoRA adapter: each adapter's handler (None: the base model's)
+    adapters: Mapping[str | None, ClassifyHandler] | None = field(default=None, compare=False)
 
     def parse(
         self, text: str, finish_reason: str | None, scores: Sequence[float] | None = None
@@ -90,8 +97,21 @@ class ClassifyHandler(TaskHandler):
         confidence = round(chances[best], 6)
         return {"label": label, "text": label, "confidence": confidence, "finish_reason": "stop"}
 
-    def calibrated(self, log_prior: Sequence[float]) -> ClassifyHandler:
-        return replace(self, scoring=replace(self.scoring, log_prior=tuple(log_prior)))
+    def calibrated(
+        self,
+        log_prior: Sequence[float],
+        by_adapter: Mapping[str | None, Sequence[float]] | None = None,
+    ) -> ClassifyHandler:
+        """Labelling with the leaning ``log_prior`` divided out; ``by_adapter``: each
+        adapter's own leaning, for its records (an adapter not in it: ``log_prior``)."""
+        scoring = replace(self.scoring, log_prior=tuple(log_prior))
+        job = replace(self, scoring=scoring, adapters=None)
+        if not by_adapter:
+            return job
+        return replace(job, adapters={a: job.calibrated(p) for a, p in by_adapter.items()})
+
+    def under(self, adapter: str | None) -> TaskHandler:
+        return self if self.adapters is None else self.adapters.get(adapter, self)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from nightshift.engines.base import Engine, EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import RecordError
 from nightshift.io.planstore import PlanStore
+from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import (
     LabelScoring,
@@ -38,6 +39,9 @@ from nightshift.jobs.tasks import (
 from nightshift.scheduling.render import renderer_for, rows
 
 SAMPLE_SHARDS = 8  # the sample is spread over at most this many shards of the plan
+# ... per adapter of a job with input.adapter_column (the plan walks one adapter's records,
+# then the next's, so an adapter's records lie in a run of shards), up to this many in all
+MAX_SAMPLE_SHARDS = 64
 
 
 def sample_requests(
@@ -46,30 +50,70 @@ def sample_requests(
     manifest: dict[str, Any],
     encoder: PromptEncoder,
     keys: Iterator[int],
+    sampling: Sampling,
 ) -> list[EngineRequest]:
-    """About ``task.calibration_records`` of the plan's records as requests: evenly
+    """About ``task.calibration_records`` of the plan's records as requests (that many per
+    adapter with ``input.adapter_column``), each under its own adapter and with its own
+    sampling (``input.sampling_column``) over ``sampling``, as the run sends it: evenly
     spaced within shards evenly spaced over the plan (a plan's order groups records by
-    prefix and length, so neither its head nor one shard is a fair sample)."""
+    adapter, prefix and length, so neither its head nor one shard is a fair sample)."""
     count = spec.task.calibration_records
     shards = [s for s in manifest["shards"]["each"] if s["records"]]
     if not shards:
         return []
-    step = max(1, len(shards) / SAMPLE_SHARDS)
-    chosen = [shards[int(i * step)] for i in range(min(len(shards), SAMPLE_SHARDS))]
+    column = spec.input.adapter_column
+    wanted = SAMPLE_SHARDS if column is None else SAMPLE_SHARDS * (len(spec.model.adapters) + 1)
+    step = max(1, len(shards) / min(wanted, MAX_SAMPLE_SHARDS))
+    chosen = [shards[int(i * step)] for i in range(min(len(shards), wanted, MAX_SAMPLE_SHARDS))]
     each = math.ceil(count / len(chosen))
-    renderer = renderer_for(spec, encoder)
-    requests: list[EngineRequest] = []
+    picked: list[pl.DataFrame] = []
     for shard in chosen:
-        records = _spread(plans, shard["index"], shard["records"], each)
-        for tokens in encoder.encode_pieces(rows(renderer.pieces(records))):
-            requests.append(EngineRequest(next(keys), tokens))
-    return requests[:count]
+        records = _read_shard(plans, shard["index"], shard["records"])
+        for group in _by_adapter(records, column):
+            picked.append(_spread(group, each if column is None else count))
+    if not picked:
+        return []
+    records = pl.concat(picked, how="vertical_relaxed")
+    if column is None:
+        return _requests(spec, encoder, records.head(count), keys, sampling)
+    groups = [_spread(g, count) for g in _by_adapter(records, column)]  # each its own count
+    return _requests(spec, encoder, pl.concat(groups, how="vertical_relaxed"), keys, sampling)
 
 
-def _spread(plans: PlanStore, shard: int, planned: int, count: int) -> pl.DataFrame:
-    """``count`` of a shard's records, evenly spaced through it."""
+def _requests(
+    spec: JobSpec,
+    encoder: PromptEncoder,
+    records: pl.DataFrame,
+    keys: Iterator[int],
+    sampling: Sampling,
+) -> list[EngineRequest]:
+    renderer = renderer_for(spec, encoder)
+    tokens = encoder.encode_pieces(rows(renderer.pieces(records)))
+    none = [None] * records.height
+    column = spec.input.adapter_column
+    adapters = records[column].to_list() if column else none
+    own = sampling_column(spec, sampling)  # each record's own, as the run sends it
+    samplings = [own.sampling(v) for v in records[own.column].to_list()] if own else none
+    return [
+        EngineRequest(next(keys), t, s, a)
+        for t, s, a in zip(tokens, samplings, adapters, strict=True)
+    ]
+
+
+def _read_shard(plans: PlanStore, shard: int, planned: int) -> pl.DataFrame:
     batches = list(plans.shard_batches(shard, rows=max(planned, 1)))
-    records = pl.from_arrow(pa.Table.from_batches(batches))
+    return pl.from_arrow(pa.Table.from_batches(batches))
+
+
+def _by_adapter(records: pl.DataFrame, column: str | None) -> list[pl.DataFrame]:
+    """The records of each adapter (null: the base model), in their plan order."""
+    if column is None or records.height == 0:
+        return [records]
+    return records.partition_by(column, maintain_order=True)
+
+
+def _spread(records: pl.DataFrame, count: int) -> pl.DataFrame:
+    """``count`` of ``records``, evenly spaced through them."""
     if records.height <= count:
         return records
     picks = [int(i * records.height / count) for i in range(count)]
@@ -80,15 +124,29 @@ def measure(
     engine: Engine, requests: list[EngineRequest], sampling: Sampling, scoring: LabelScoring
 ) -> dict[str, Any]:
     """Each label's mean probability over ``requests`` (each record's label scores made
-    to add up to 1), as plan/calibration.json keeps it."""
-    chances: list[list[float]] = []
+    to add up to 1), as plan/calibration.json keeps it; where the requests run under
+    LoRA adapters, also each adapter's own (``adapters``: one entry per adapter, null for
+    the base model), as each adapter's records are labelled by it."""
+    adapter_of = {r.key: r.adapter for r in requests}
+    chances: dict[str | None, list[list[float]]] = {}
     with contextlib.closing(engine.run(iter(requests), sampling)) as results:
         for result in results:
             if result.error or result.aborted or result.scores is None:
                 continue  # a record the run will fail on its own; the sample goes on
             with contextlib.suppress(RecordError):  # every score -inf: says nothing
-                chances.append(scoring.probabilities(result.scores))
-    return calibration_of(scoring, chances)
+                probabilities = scoring.probabilities(result.scores)
+                chances.setdefault(adapter_of.get(result.key), []).append(probabilities)
+    stored = calibration_of(scoring, [c for group in chances.values() for c in group])
+    if any(a is not None for a in adapter_of.values()):
+        stored["adapters"] = [
+            {"adapter": name, **_measure_only(calibration_of(scoring, chances.get(name, [])))}
+            for name in sorted({*adapter_of.values()}, key=lambda a: (a is None, a or ""))
+        ]
+    return stored
+
+
+def _measure_only(stored: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in stored.items() if k != "labels"}
 
 
 def calibration_of(scoring: LabelScoring, chances: list[list[float]]) -> dict[str, Any]:
@@ -112,6 +170,17 @@ def calibration_for(stored: dict[str, Any] | None, scoring: LabelScoring) -> lis
     if stored is None or stored.get("labels") != list(scoring.labels):
         return None
     return [float(x) for x in stored["log_prior"]]
+
+
+def adapter_corrections(stored: dict[str, Any]) -> dict[str | None, list[float]]:
+    """Each adapter's own correction (None: the base model's), where its records were
+    measured; an adapter left out is corrected by the whole sample's measure (a measure
+    kept before adapters were measured apart holds none: one for all, as it ran)."""
+    return {
+        each["adapter"]: [float(x) for x in each["log_prior"]]
+        for each in stored.get("adapters", [])
+        if each.get("records")
+    }
 
 
 class LabelCalibration:
@@ -153,8 +222,10 @@ class LabelCalibration:
     def measure_on(self, engine: Engine, keys: Iterator[int]) -> TaskHandler:
         """Measure on ``engine``, keep the measure (another worker's, if it kept one
         first) and return the handler that labels by it."""
-        requests = sample_requests(self.spec, self.plans, self.manifest, self.encoder, keys)
         sampling = sampling_for(self.spec, self.handler)
+        requests = sample_requests(
+            self.spec, self.plans, self.manifest, self.encoder, keys, sampling
+        )
         kept = self.plans.keep_calibration(measure(engine, requests, sampling, self.scoring))
         self._take(kept)
         return self.handler
@@ -164,16 +235,19 @@ class LabelCalibration:
         if self.scoring is None:
             return None
         stored = self.stored or {}
-        return {
-            "labels": list(self.scoring.labels),
-            "records": stored.get("records", 0),
-            "mean_probability": dict(
-                zip(self.scoring.labels, stored.get("mean_probability", []), strict=False)
-            ),
-        }
+        section = {"labels": list(self.scoring.labels), **self._shares(stored)}
+        if "adapters" in stored:  # measured per adapter: each one's own leaning
+            section["adapters"] = [
+                {"adapter": each["adapter"], **self._shares(each)} for each in stored["adapters"]
+            ]
+        return section
+
+    def _shares(self, measure: dict[str, Any]) -> dict[str, Any]:
+        shares = zip(self.scoring.labels, measure.get("mean_probability", []), strict=False)
+        return {"records": measure.get("records", 0), "mean_probability": dict(shares)}
 
     def _take(self, stored: dict[str, Any] | None) -> None:
         log_prior = calibration_for(stored, self.scoring)
         if log_prior is not None:
             self.stored = stored
-            self.handler = self.handler.calibrated(log_prior)
+            self.handler = self.handler.calibrated(log_prior, adapter_corrections(stored))

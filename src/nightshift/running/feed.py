@@ -75,13 +75,15 @@ class RequestFeed:
         encoder: PromptEncoder,
         keys: Iterator[int] | None = None,
         keep: list[str] | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.renderer = renderer_for(spec, encoder)  # the plan's very rendering
         self.store, self.encoder = store, encoder
         # the columns copied into results: the runner's (input.keep_columns + eval's)
         self.id_column = spec.input.id_column
         self.keep = keep if keep is not None else spec.input.keep_columns
-        self.sampling = sampling_column(spec)  # per-record sampling, or None
+        # per-record sampling over the run's ``sampling`` (a scored classify step), or None
+        self.sampling = sampling_column(spec, sampling)
         self.adapter_column = spec.input.adapter_column  # per-record adapter, or None
         self.in_flight: dict[int, Pending] = {}
         self._keys = keys if keys is not None else itertools.count()

@@ -39,8 +39,11 @@ class ResultTables:
         self.failed = pa.schema(head + failed)
         self._id_column = id_column
 
-    def row(self, record_id: Any, kept: dict[str, Any], result: EngineResult) -> tuple[dict, bool]:
-        """The output row for one record, and whether it is ok (else it is failed)."""
+    def row(
+        self, record_id: Any, kept: dict[str, Any], result: EngineResult, adapter: str | None = None
+    ) -> tuple[dict, bool]:
+        """The output row for one record answered under LoRA ``adapter`` (None: the base
+        model), and whether it is ok (else it is failed)."""
         row = {
             self._id_column: record_id,
             **kept,
@@ -55,7 +58,7 @@ class ResultTables:
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
-            parsed = self.task.parse_result(result)
+            parsed = self.task.under(adapter).parse_result(result)
             return {**row, **parsed}, True
         except RecordError as exc:
             return {**row, "error": str(exc)}, False

@@ -84,6 +84,8 @@ class ShardRunner(ShardSettling):
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}
         self.copybook = CopyBook.load(plans, manifest)  # dedup: records answered from another
         self.saved: Counter = Counter()  # dedup: copies' rows written, tokens they saved
+        # what each request is sent with, under each record's own (input.sampling_column)
+        self._run_sampling = sampling_for(spec, self.task)
         self.cache = RunCache.open(spec, manifest, sampling_for(spec, self.task))  # cache.path
         # the canary's answers to its sample (pipelines.canary): none is generated twice
         self.canary_answers = canary_answers(plans, manifest, sampling_for(spec, self.task))
@@ -120,7 +122,9 @@ class ShardRunner(ShardSettling):
             if not work or self.stopping.is_set():
                 self._stop_open(work)
                 return  # closed, and every shard settled (or stopping)
-            feed = RequestFeed(self.spec, self.plans, self.encoder, self._keys, self.kept)
+            feed = RequestFeed(
+                self.spec, self.plans, self.encoder, self._keys, self.kept, self._run_sampling
+            )
             try:
                 for w in work.values():
                     feed.add(w.shard, w.skip)  # encoding starts now, not later
@@ -247,7 +251,7 @@ class ShardRunner(ShardSettling):
             return
         if result.retryable:  # a transient error every time it was sent: a failed row
             result = replace(result, error=f"{result.error}; sent {pending.tries} times")
-        row, ok = self.tables.row(pending.record_id, pending.kept, result)
+        row, ok = self.tables.row(pending.record_id, pending.kept, result, pending.adapter)
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
         cached = any(

@@ -9,14 +9,26 @@ from typing import Any
 
 import yaml
 
+from nightshift.evaluation.intervals import describe
+
+CI = "{0[0]:.1%}-{0[1]:.1%}"  # a 95% interval's two bounds
+ROUNDS = "rounds"  # each round's figure, " / " between them
+
 COLUMNS = (
     ("candidate", "name", "{}"),
     ("tokens/s", "tokens_per_s", "{:,.0f}"),
+    ("rounds tokens/s", "rounds_tokens_per_s", ROUNDS),
+    ("spread", "spread", "{:.1%}"),
+    ("measurable", "measurable", "{}"),
     ("records/s", "records_per_s", "{:.2f}"),
     ("$/1M tokens", "usd_per_million_tokens", "{:.4f}"),
     ("$/1k records", "usd_per_1000_records", "{:.4f}"),
     ("agreement", "agreement", "{:.1%}"),
+    ("agreement 95% CI", "agreement_ci", CI),
     ("accuracy", "accuracy", "{:.1%}"),
+    ("accuracy 95% CI", "accuracy_ci", CI),
+    ("right to wrong", "flips.right_to_wrong", "{:,}"),
+    ("wrong to right", "flips.wrong_to_right", "{:,}"),
     ("bound by", "bound_by", "{}"),
     ("batch reached", "limit.measured.batch_reached", "{:,}"),
     ("KV peak", "limit.measured.kv_cache_peak", "{:.0%}"),
@@ -34,7 +46,8 @@ def table_lines(summary: dict[str, Any]) -> list[str]:
         if "error" in entry:
             lines.append(f"| {entry['name']} | did not run: {entry['error']} |")
             continue
-        cells = [_cell(_at(entry, key), shape) for _, key, shape in COLUMNS]
+        shown = {**entry, "measurable": "no" if entry.get("not_measurable") else "yes"}
+        cells = [_cell(_at(shown, key), shape) for _, key, shape in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -47,37 +60,73 @@ def _at(entry: dict[str, Any], key: str) -> Any:
 
 
 def _cell(value: Any, shape: str) -> str:
-    return "" if value is None else shape.format(value)
+    if value is None:
+        return ""
+    if shape == ROUNDS:
+        return " / ".join(f"{v:,.0f}" for v in value)
+    return shape.format(value)
 
 
 def markdown(summary: dict[str, Any]) -> str:
     s = summary["sample"]
-    chosen = summary.get("chosen")
     head = [
         f"# Tune: {summary['job']}",
         "",
-        f"Sample: {s['records']} of the job's {s['job_records']} records ({s['share']:.1%}), "
-        "runs of consecutive records in plan order. Each candidate is one engine start; "
-        "speed and cost are over generation (start-up left out). Agreement: the share of "
-        "the reference's answers a candidate gives the same (reference: KV cache in the "
-        "model's dtype, no speculation). Bound by: what held the run back as the engine "
-        "measured it (KV cache full or preempting, the batch at engine.max_num_seqs, steps "
-        "at engine.max_num_batched_tokens, else the larger of prefill and decode time); "
+        f"Sample: {s['rounds']} rounds of {s['per_round']} records "
+        f"({'each on other records' if s.get('rounds_on_other_records') else 'the same records'}"
+        f"; {s['share']:.1%} of the job's {s['job_records']}), runs of consecutive records "
+        "in plan order. Each candidate is one engine start running every round (a fresh "
+        "engine per round where the rounds share records); speed and cost are over "
+        "generation (start-up left out), tokens/s the median round's, spread the rounds' "
+        "range over it. Measurable: the round held at least twice the batch the engine "
+        "reached (else the sample, not the setting, bound it: never chosen). Agreement: the "
+        "share of the reference's answers a candidate gives the same (reference: KV cache in "
+        "the model's dtype, no speculation), with its 95% Wilson interval; right to wrong "
+        "and wrong to right: labelled records whose correctness moved against the reference. "
+        "Bound by: what held the run back as the engine measured it (KV cache full or "
+        "preempting, the batch at engine.max_num_seqs, steps at "
+        "engine.max_num_batched_tokens, else the larger of prefill and decode time); "
         f"predicted bound: {_predicted_for(summary)}.",
         "",
         *table_lines(summary),
         "",
+        *[f"- {e['name']}: {e['not_measurable']}" for e in _unmeasurable(summary)],
+        *chosen_lines(summary),
     ]
-    if chosen:
-        gain = chosen.get("speedup_over_job")
-        told = f", {gain:.2f}x the job's tokens/s" if gain else ""
-        head.append(
-            f"Chosen: **{chosen['name']}** (fastest with agreement at least "
-            f"{summary['min_agreement']:.0%}{told}); sets {json.dumps(chosen['sets'])}."
-        )
-    else:
-        head.append(f"No candidate kept agreement at {summary['min_agreement']:.0%} or more.")
     return "\n".join(head) + "\n"
+
+
+def _unmeasurable(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in summary["candidates"] if e.get("not_measurable")]
+
+
+def chosen_lines(summary: dict[str, Any]) -> list[str]:
+    """The choice, why, its predicted gain, and the sample's cost against the job's."""
+    chosen = summary.get("chosen")
+    if not chosen:
+        bar = summary["min_agreement"]
+        return [f"No choice: the job did not run, or no candidate cleared {bar:.0%} agreement."]
+    gain = chosen.get("speedup_over_job")
+    told = (
+        f"; predicted {gain:.2f}x the job's tokens/s" if gain and not chosen.get("is_job") else ""
+    )
+    lines = [
+        f"Chosen: **{chosen['name']}** ({chosen['why']}{told}); sets {json.dumps(chosen['sets'])}."
+    ]
+    cost = summary["sample"].get("cost") or {}
+    if cost:
+        worst = max(cost["share_per_candidate"].values())
+        aim = "within" if cost["within_aim"] else "over"
+        lines.append(
+            f"Sample cost: up to {worst:.1%} of the job's predicted generation time "
+            f"({cost['job_generate_s_predicted']:,.1f} s) per candidate, "
+            f"{cost['share_all_candidates']:.1%} for all; {aim} the {cost['aim']:.0%} aim."
+        )
+    if summary.get("check"):
+        from nightshift.tuning.check import check_line
+
+        lines.append(check_line(summary["check"]) + ".")
+    return lines
 
 
 def _predicted_for(summary: dict[str, Any]) -> str:
@@ -118,10 +167,11 @@ def write_tuned_spec(path: Path, data: dict[str, Any], summary: dict[str, Any]) 
     comment = [
         f"Tuned by `nightshift jobs tune` on {summary['sample']['records']} of "
         f"{summary['sample']['job_records']} records: chose {chosen['name']} "
-        f"({json.dumps(chosen['sets'])}),",
-        f"{entry['tokens_per_s']:,.0f} tokens/s"
-        + (f" ({gain:.2f}x the spec as it was)" if gain else "")
-        + f", agreement {entry['agreement']:.1%} with the reference answers.",
+        f"({json.dumps(chosen['sets'])}): {chosen.get('why', 'fastest that agrees')},",
+        f"{entry['tokens_per_s']:,.0f} tokens/s (rounds spread {entry.get('spread') or 0:.1%})"
+        + (f", predicted {gain:.2f}x the spec as it was" if gain else "")
+        + f", agreement {entry['agreement']:.1%} with the reference answers"
+        + (f" ({describe(entry['agreement_ci'])})." if entry.get("agreement_ci") else "."),
     ]
     text = "".join(f"# {line}\n" for line in comment) + yaml.safe_dump(tuned, sort_keys=False)
     path.write_text(text)
