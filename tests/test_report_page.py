@@ -269,8 +269,8 @@ def test_no_chart_without_a_timeline(report, tmp_path):
 
 
 def legend_labels(report: dict) -> list[str]:
-    """The records panel's legend entries, as drawn."""
-    return [t.get_text() for t in _draw(report).axes[0].get_legend().get_texts()]
+    """The legend's entries (the phases and records/s, under the title), as drawn."""
+    return [t.get_text() for t in _draw(report).legends[0].get_texts()]
 
 
 def test_chart_shows_engine_start_up_as_a_band_beside_planning(report):
@@ -282,11 +282,12 @@ def test_chart_shows_engine_start_up_as_a_band_beside_planning(report):
         {"began_s": 200.0, "ready_s": 200.0},  # no time: nothing to draw
     ]
     assert chart_bands(report) == [
+        {"label": "start-up", "start_s": 0.0, "end_s": 2.0},  # nightshift's and Prefect's
         {"label": "planning", "start_s": 2.0, "end_s": 22.0},
         {"label": "engine start-up", "start_s": 0.5, "end_s": 46.0},
         {"label": "engine start-up", "start_s": 150.0, "end_s": 170.0},
     ]
-    assert legend_labels(report) == ["planning", "engine start-up", "records/s"]
+    assert legend_labels(report) == ["start-up", "planning", "engine start-up", "records/s"]
     assert imread(io.BytesIO(chart_png_bytes(report))).shape[:2] == (900, 1000)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from nightshift.evaluation.quality import report_quality
 from nightshift.reports.compare import compare_section, engine_hardware
 from nightshift.reports.files import write_report_files
+from nightshift.reports.lines import cost_meaning
+from nightshift.reports.phases import generate_parts
 from nightshift.reports.reasoning import reasoning_section
 from nightshift.reports.report import Timings, build_report, output_section, prefix_reuse_section
 from nightshift.running.canary import canary_section
@@ -104,6 +106,7 @@ def _report(
     report["cost_compare"] = compare_section(
         spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
     )
+    c.update(cost_meaning(spec.cost, ran_on))  # whether the figure is a cost at all
     dimension = getattr(runner.task, "dimension", None)
     if dimension:  # embed: every vector's size, and whether it is of length 1
         normalized = spec.embed.normalize if spec.embed else True
@@ -123,6 +126,7 @@ def _report(
         report["quality"] = quality
     report["plan"] = {"path": output.store.uri("plan"), "fingerprint": manifest["fingerprint"]}
     report["timeline"] = job.progress.timeline()
+    report["time_s"].update(generate_parts(report))  # what generation's seconds held
     report["shard_times"] = job.progress.shard_table()
     tail = job.progress.tail_s()
     report["tail_s"] = tail if tail is not None else tail_seconds(report["timeline"]["samples"])

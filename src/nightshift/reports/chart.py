@@ -1,8 +1,9 @@
 """report.png: throughput over time and each shard's span, from a report dict.
 
-Behind the panels over time, bands mark where the run did not generate yet: planning
-(``time_s``) and engine start-up (``timeline.engine_startups``; an older report has
-none and is drawn without). ``chart_bands`` lists them, so they can be checked as data.
+Behind the panels over time, bands mark every phase of the run (``reports.phases``):
+start-up, planning, engine start-up, the canary, waiting for the first answer,
+generating and wrap-up; a report from before a phase was recorded is drawn without it.
+``chart_bands`` lists them, so they can be checked as data.
 
 The chart is drawn on a bare ``Figure`` with the Agg canvas, never through pyplot, so
 importing or calling this changes no global matplotlib state (no backend switch, no
@@ -26,6 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
 
 from nightshift.reports.page import has_chart
+from nightshift.reports.phases import run_phases
 from nightshift.reports.qualitychart import has_quality_panel, quality_panel
 
 # Pixel size is fixed (no tight bounding box) so every report's chart has the same shape.
@@ -43,6 +45,13 @@ RECORDS, OUTPUT, TOTAL, PLANNING, STARTUP, CANARY = (
 # Start-up often runs during planning (the engine starts while the plan is built): it is
 # hatched over a pale tint, so the grey planning band still shows through where they meet.
 BAND_STYLES = {
+    "start-up": {
+        "facecolor": "0.93",
+        "edgecolor": "0.6",
+        "hatch": "..",
+        "linewidth": 0,
+        "zorder": 0,
+    },
     "planning": {"color": PLANNING, "linewidth": 0, "zorder": 0},
     "engine start-up": {
         "facecolor": to_rgba(STARTUP, 0.15),  # faint, so the hatch reads over white
@@ -54,6 +63,20 @@ BAND_STYLES = {
     # The canary's two sample runs come after the plan and before the first answer: the
     # rest of a run's empty start. Its reference side starts an engine of its own.
     "canary": {"facecolor": to_rgba(CANARY, 0.2), "linewidth": 0, "zorder": 0.25},
+    # The engine works, but no request has finished: answers of one batch come together.
+    "waiting for the first answer": {
+        "facecolor": to_rgba("tab:red", 0.1),
+        "linewidth": 0,
+        "zorder": 0,
+    },
+    "generating": {"facecolor": to_rgba(TOTAL, 0.07), "linewidth": 0, "zorder": 0},
+    "wrap-up": {
+        "facecolor": "0.96",
+        "edgecolor": "0.75",
+        "hatch": "--",
+        "linewidth": 0,
+        "zorder": 0,
+    },
 }
 THOUSANDS = StrMethodFormatter("{x:,.0f}")
 
@@ -88,42 +111,8 @@ def throughput_over_time(samples: list[dict[str, Any]]) -> list[dict[str, float]
 
 def chart_bands(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The bands behind the panels over time, ``{"label", "start_s", "end_s"}`` on the
-    run's clock: planning, engine start-up (the union of the engines' spans), and the
-    canary when this run measured one."""
-    bands = []
-    times = report.get("time_s") or {}
-    plan_s = times.get("plan", 0.0)
-    if plan_s > 0:  # planning begins once nightshift and Prefect are up (time_s.prepare)
-        begin = times.get("prepare", 0.0)
-        bands.append({"label": "planning", "start_s": begin, "end_s": begin + plan_s})
-    spans = (report.get("timeline") or {}).get("engine_startups") or []
-    for begin, end in startup_union(spans):
-        bands.append({"label": "engine start-up", "start_s": begin, "end_s": end})
-    canary = (report.get("timeline") or {}).get("canary")
-    if canary and canary["ended_s"] > canary["began_s"]:
-        bands.append({"label": "canary", "start_s": canary["began_s"], "end_s": canary["ended_s"]})
-    return bands
-
-
-def startup_union(spans: list[dict[str, float]]) -> list[tuple[float, float]]:
-    """Engine start-ups merged where they overlap, in time order.
-
-    The union, not one band per engine: a scaled-out run's workers start their engines
-    within moments of each other, and translucent bands stacked per engine would read as
-    shades that mean something. What the band answers is "was an engine still starting
-    here", which the union says plainly; a restart after a crash, later in the run, still
-    shows as a band of its own.
-    """
-    merged: list[tuple[float, float]] = []
-    for span in sorted(spans, key=lambda s: s["began_s"]):
-        begin, end = span["began_s"], span["ready_s"]
-        if end <= begin:
-            continue
-        if merged and begin <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((begin, end))
-    return merged
+    run's clock: every phase of the run (``reports.phases``)."""
+    return run_phases(report)
 
 
 def chart_png_bytes(report: dict[str, Any]) -> bytes | None:
@@ -169,6 +158,10 @@ def _draw(report: dict[str, Any]) -> Figure:
     if quality:
         quality_panel(figure.add_subplot(grid[-1]), quality)
     figure.suptitle(_title(report))
+    # The phases and records/s in one legend under the title, off the curves: a run
+    # has up to seven phases, too many for a corner of a panel.
+    handles, labels = panels[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside upper center", ncols=4, fontsize=8)
     return figure
 
 
@@ -190,7 +183,6 @@ def _records_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) ->
         axes.stairs(rates, edges, color=RECORDS, linewidth=1.5, label="records/s")
     axes.set_ylim(bottom=0)
     axes.yaxis.set_major_formatter(THOUSANDS)
-    axes.legend(loc="upper right", fontsize=8)
 
 
 def _tokens_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> None:

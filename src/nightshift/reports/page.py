@@ -121,7 +121,17 @@ def time_section(report: dict[str, Any]) -> Section:
         section.add(name, f"{seconds:,.1f}", "s")
     if overlap:
         section.add("start-up during planning", f"{overlap:,.1f}", "s")
+    for key, name in GENERATE_PARTS:  # generation as report.png's phases split it
+        if key in s:
+            section.add(name, f"{s[key]:,.1f}", "s")
     return section
+
+
+GENERATE_PARTS = [
+    ("generate_canary", "of generation: the canary's sample runs"),
+    ("generate_before_first_answer", "of generation: before the first answer"),
+    ("generate_answering", "of generation: answering (first answer to last)"),
+]
 
 
 def throughput_section(report: dict[str, Any]) -> Section:
@@ -136,11 +146,13 @@ def throughput_section(report: dict[str, Any]) -> Section:
 def cost_section(report: dict[str, Any]) -> Section:
     c = report["cost"]
     per_m = c["usd_per_million_tokens"]
-    section = Section(
-        "Cost",
+    note = (
         "For this run: its wall time, planning and engine start-up included (the GPUs are "
-        "held all along), and the tokens it generated.",
+        "held all along), and the tokens it generated."
     )
+    if c.get("note"):  # not priced, or priced as a GPU that did not run
+        note = f"**{c['note'][0].upper()}{c['note'][1:]}.** " + note
+    section = Section("Cost", note)
     section.add("GPU", str(c["gpu"]))
     section.add("GPUs", count(c["gpus"]), "GPUs")
     section.add("price per GPU-hour", usd(c["usd_per_gpu_hour"]), "USD/GPU-hour")
@@ -209,12 +221,21 @@ def headline(report: dict[str, Any]) -> str:
         text += f"; {count(shards['committed'])} of {count(shards['count'])} shards committed"
         if shards.get("failed"):
             text += f" (failed in this run: {', '.join(map(str, shards['failed']))})"
-    cost = report["cost"]
-    return text + (
-        f". This run: {duration(report['time_s']['total'])} wall time, "
-        f"{usd(cost['usd_total'])} on {count(cost['gpus'])}x {cost['gpu']}."
-        f"{quality_headline(report)}"
-    )
+    return text + f". This run: {_run_cost(report)}.{quality_headline(report)}"
+
+
+def _run_cost(report: dict[str, Any]) -> str:
+    """Wall time and cost, the cost only as what it is (``reports.lines``)."""
+    cost, wall = report["cost"], duration(report["time_s"]["total"])
+    if cost.get("priced") is False:
+        return f"{wall} wall time, not priced (cost.usd_per_gpu_hour is unset)"
+    if cost.get("priced_hardware_ran") is False:
+        return (
+            f"{wall} wall time on {cost['ran_on']}; at the spec's price for "
+            f"{count(cost['gpus'])}x {cost['gpu']} that time is {usd(cost['usd_total'])}, "
+            f"not what the job costs on {cost['gpu']}"
+        )
+    return f"{wall} wall time, {usd(cost['usd_total'])} on {count(cost['gpus'])}x {cost['gpu']}"
 
 
 def stop_lines(report: dict[str, Any]) -> list[str]:
@@ -310,8 +331,23 @@ def shard_lines(report: dict[str, Any]) -> list[str]:
     note = (
         f"The {count(len(shards))} shard(s) this run committed, in start order; the slowest "
         f"was shard {slowest['shard']} ({slowest['seconds']:,.1f} s)."
+        + _shard_time_note(report)
     )
     return ["## Shards", "", note, "", *markdown_table(rows), ""]
+
+
+def _shard_time_note(report: dict[str, Any]) -> str:
+    """Why the shards' seconds add up to less than the generation time."""
+    s = report["time_s"]
+    if "generate_answering" not in s:
+        return ""
+    return (
+        " A shard's seconds run from its first answer to its commit, so together they "
+        f"span the answering time ({s['generate_answering']:,.1f} s), not the whole "
+        f"generation ({s['generate']:,.1f} s), which also counts the canary "
+        f"({s.get('generate_canary', 0.0):,.1f} s) and the wait before the first answer "
+        f"({s.get('generate_before_first_answer', 0.0):,.1f} s)."
+    )
 
 
 def markdown_table(rows: list[dict[str, str]]) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 from nightshift.engines.base import EngineInfo, EngineStats
 from nightshift.engines.identity import engine_identity
 from nightshift.jobs.spec import CostSpec
+from nightshift.reports.lines import cost_line, time_line
 from nightshift.reports.quality import quality_summary_lines
 from nightshift.running.canary import summary_line
 from nightshift.running.totals import RunTotals
@@ -149,8 +150,7 @@ def _engine_section(info: EngineInfo | None, stats: EngineStats) -> dict[str, An
 
 def summary_lines(report: dict[str, Any], output: str) -> list[str]:
     """The few lines a person reads at the end of a run."""
-    r, t, s, c = report["records"], report["tokens"], report["time_s"], report["cost"]
-    per_m = c["usd_per_million_tokens"]
+    r, t = report["records"], report["tokens"]
     return [
         f"{report['job']}: {r['ok']:,} ok, {r['rejected']:,} rejected, {r['failed']:,} failed "
         f"of {r['input']:,} records",
@@ -158,12 +158,8 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         f"tokens: {t['prompt']:,} prompt ({t['prompt_cached']:,} cached, hit rate "
         f"{report['prefix_cache_hit_rate']:.1%}), {t['output']:,} output",
         *_reuse_line(report.get("prefix_reuse")),
-        f"time: {s['total']:.1f}s total ({_prepare(s)}{s['plan']:.1f}s plan, "
-        f"{s['engine_startup']:.1f}s "
-        f"engine start, {s['generate']:.1f}s generate); "
-        f"{report['throughput']['total_tokens_per_s']:,.0f} tokens/s",
-        f"cost: ${c['usd_total']:.4f} on {c['gpus']}x {c['gpu']}; per 1M tokens: "
-        f"${per_m['input']:.4f} in, ${per_m['output']:.4f} out, ${per_m['total']:.4f} overall",
+        time_line(report),  # generation split as report.png draws it
+        cost_line(report),  # a price applied to what ran, or no figure at all
         *quality_summary_lines(report),  # eval: accuracy beside the cost
         *([summary_line(report["canary"])] if report.get("canary") else []),
         *_embedding_line(report.get("embedding")),
@@ -176,11 +172,6 @@ def _embedding_line(embedding: dict[str, Any] | None) -> list[str]:
         return []
     scaled = "normalized to length 1" if embedding["normalized"] else "not normalized"
     return [f"embeddings: {embedding['dimension']} dimensions (float32), {scaled}"]
-
-
-def _prepare(times: dict[str, float]) -> str:
-    prepare = times.get("prepare", 0.0)
-    return f"{prepare:.1f}s start-up, " if prepare >= 0.05 else ""
 
 
 def prefix_reuse_section(planned: dict[str, Any], tokens: dict[str, int]) -> dict[str, Any]:

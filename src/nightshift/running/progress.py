@@ -109,9 +109,9 @@ class LiveProgress:
         if p is None or self._bar is None or not self.show:
             return
         finish = datetime.now().astimezone() + timedelta(seconds=p["seconds_left"])
+        priced = f", ~${p['usd']:.4f}" if self.cost.usd_per_gpu_hour > 0 else ""  # not $0
         self._bar.set_postfix_str(
-            f"{p['tokens_per_s']:,.0f} tok/s, done ~{finish:%H:%M:%S}, ~${p['usd']:.4f}",
-            refresh=False,
+            f"{p['tokens_per_s']:,.0f} tok/s, done ~{finish:%H:%M:%S}{priced}", refresh=False
         )
 
     def close(self, totals: RunTotals) -> None:
@@ -147,7 +147,16 @@ class LiveProgress:
             "samples": self.samples * answered,
             "engine_startups": sorted(self.engine_startups, key=lambda s: s["began_s"]),
             **({"canary": self.canary} if self.canary else {}),
+            **self.answer_span(),
         }
+
+    def answer_span(self) -> dict[str, float]:
+        """When this run's first answer came and its last answer or commit (report.png's
+        waiting and generating phases); empty for a run that answered nothing."""
+        if self._first_answer is None:
+            return {}
+        last = self.last_work if self.last_work is not None else self._first_answer
+        return {"first_answer_s": round(self._first_answer, 3), "last_answer_s": round(last, 3)}
 
     def shard_table(self) -> list[dict[str, float]]:
         """Shards this run committed, with their first answer and commit times."""
