@@ -53,7 +53,9 @@ def run(
     new_run: bool = typer.Option(
         False, "--new-run", help="Start a fresh run in OUTPUT-runN beside output.path."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No progress (a bar on a terminal, else a line every 30 s)."
+    ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Show the engine's and Prefect's own output too."
     ),
@@ -92,7 +94,7 @@ def run(
         overrides,
         overwrite=overwrite,
         new_run=new_run,
-        progress=not quiet and sys.stderr.isatty(),
+        progress=not quiet,  # a bar on a terminal, else a line every 30 s (a log)
         verbose=verbose,
         workers=workers,
         exit_on_overrun=True,  # this process's whole life is this job
