@@ -43,6 +43,11 @@ class Sampling:
     # (classify scores each label by its first token, see jobs.tasks).
     score_tokens: tuple[int, ...] = ()
     pooling: Pooling | None = None  # set: embed the prompt, generate nothing
+    # model.reasoning: the model thinks before it answers (the engine splits the two);
+    # reasoning_budget: the most thinking tokens (vLLM's thinking_token_budget), None: no
+    # cap but max_tokens, which counts the thinking and the answer together.
+    reasoning: bool = False
+    reasoning_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class Choice:
     output_tokens: int = 0
     stop_sequence: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
+    reasoning: str | None = None  # the thinking before ``text`` (None: the model did not)
+    reasoning_tokens: int = 0  # of output_tokens, those spent thinking
+    reasoning_unfinished: bool = False  # thinking used every token: ``text`` is no answer
 
 
 @dataclass(frozen=True)
@@ -96,12 +104,25 @@ class EngineResult:
     choices: tuple[Choice, ...] = ()  # every answer; () means one: text and finish_reason
     scores: tuple[float, ...] | None = None  # Sampling.score_tokens' log probabilities
     embedding: tuple[float, ...] | None = None  # Sampling.pooling's vector
+    # choice 0's thinking, apart from ``text`` (Choice's fields); tokens summed over choices
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    reasoning_unfinished: bool = False
 
     def all_choices(self) -> tuple[Choice, ...]:
         """Every answer, choice 0 first (one made of ``text`` when ``choices`` is empty)."""
         if self.choices:
             return self.choices
-        return (Choice(self.text, self.finish_reason, self.output_tokens),)
+        return (
+            Choice(
+                self.text,
+                self.finish_reason,
+                self.output_tokens,
+                reasoning=self.reasoning,
+                reasoning_tokens=self.reasoning_tokens,
+                reasoning_unfinished=self.reasoning_unfinished,
+            ),
+        )
 
 
 @dataclass

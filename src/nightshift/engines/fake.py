@@ -303,6 +303,9 @@ class FakeEngine:
             cached,
             choices=choices,
             scores=_scores(ids, sampling.score_tokens) if sampling.score_tokens else None,
+            reasoning=first.reasoning,  # a reasoning model's thinking (fake_reasoning)
+            reasoning_tokens=sum(c.reasoning_tokens for c in choices),
+            reasoning_unfinished=first.reasoning_unfinished,
         )
 
     def _embedding(self, key: int, ids: list[int], cached: int, pooling: Pooling) -> EngineResult:
@@ -325,6 +328,10 @@ class FakeEngine:
         number, plus the choice's index): cut at the first stop string it holds (as vLLM's
         ``stop``), with made-up logprobs when asked. Choices differ only when sampled;
         with a seed a sample repeats, without one it does not."""
+        if sampling.reasoning:  # a reasoning model: its thinking first, then this answer
+            from nightshift.engines.fake_reasoning import think_then_answer
+
+            return think_then_answer(self._choice, ids, sampling, draw)
         seed = _digest(ids) + (draw if sampling.temperature > 0 else 0)
         text, finish = self._answer(seed, sampling)
         found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]

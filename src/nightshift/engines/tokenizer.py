@@ -56,6 +56,9 @@ class PromptEncoder:
         self._conversations: dict[tuple, list[str] | ValueError] = {}
         self._segments: dict[str, list[int]] = {}
         self.composes = self._segments_compose()
+        # set before any prompt is rendered: {"enable_thinking": False} for a reasoning
+        # model whose budget is 0 (engines.reasoning.thinking_off)
+        self.template_kwargs: dict[str, bool] = {}
 
     @classmethod
     def load(
@@ -88,7 +91,9 @@ class PromptEncoder:
         messages = [{"role": "user", "content": prompt.user}]
         if prompt.system:
             messages.insert(0, {"role": "system", "content": prompt.system})
-        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
 
     def encode(self, prompts: Sequence[Messages]) -> list[list[int]]:
         """Whole prompts, each user text as one segment."""
@@ -245,7 +250,9 @@ class PromptEncoder:
         if system is not None:
             turns.insert(0, {"role": "system", "content": system})
         try:
-            text = self._tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+            text = self._tok.apply_chat_template(
+                turns, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+            )
         except TemplateError as exc:
             return ValueError(f"the model's chat template refused the conversation: {exc}")
         pieces = []
@@ -265,6 +272,11 @@ class PromptEncoder:
         while bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]
         return ids
+
+    @property
+    def hf_tokenizer(self):
+        """The Hugging Face tokenizer underneath (its vocabulary, its chat template)."""
+        return self._tok
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)

@@ -104,6 +104,7 @@ class VllmEngine:
     ) -> None:
         self._llm = llm
         self._loras = _lora_requests(adapters or {})
+        self._markers = _reasoning_markers(llm)  # a reasoning model's: answers split apart
         cache = llm.llm_engine.vllm_config.cache_config
         blocks = cache.num_gpu_blocks or 0
         self.info = EngineInfo(
@@ -203,7 +204,8 @@ class VllmEngine:
                         own = in_flight.pop(out.request_id, sampling)
                         watch.finished += 1
                         top = None if own.score_tokens else own.logprobs
-                        yield _result(int(out.request_id), out, top, own.score_tokens)
+                        key, scores = int(out.request_id), own.score_tokens
+                        yield _result(key, out, top, scores, self._markers)
         except EngineDeadError as exc:
             if self.stalled:
                 raise EngineStalledError(
@@ -308,6 +310,18 @@ class VllmEngine:
         kill_process_tree(_engine_pids(llm) if llm is not None else [])
         if shutdown:
             shutdown()
+
+
+def _reasoning_markers(llm: Any) -> Any:
+    """The thinking markers of the reasoning parser the engine was started with
+    (``reasoning_parser``, from model.reasoning), or None."""
+    config = getattr(llm.llm_engine.vllm_config, "reasoning_config", None)
+    parser = getattr(config, "reasoning_parser", "") if config is not None else ""
+    if not parser:
+        return None
+    from nightshift.engines.reasoning import markers_for
+
+    return markers_for(parser, llm.get_tokenizer())
 
 
 def _lora_requests(adapters: dict[str, str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from nightshift.engines.base import Choice, EngineResult, Pooling, Sampling, TokenLogprob
+from nightshift.engines.reasoning import Markers, Thought
 
 
 class ParamsCache:
@@ -60,6 +61,8 @@ def _sampling_params(sampling: Sampling):
         logprob_token_ids=list(sampling.score_tokens) or None,
         structured_outputs=structured,
         output_kind=RequestOutputKind.FINAL_ONLY,  # as LLM.generate: no per-step partials
+        # honoured only with a reasoning parser (model.reasoning), refused without one
+        thinking_token_budget=sampling.reasoning_budget if sampling.reasoning else None,
     )
 
 
@@ -92,10 +95,15 @@ _RETRYABLE = {"error"}
 
 
 def _result(
-    key: int, out: Any, top: int | None = None, score_tokens: tuple[int, ...] = ()
+    key: int,
+    out: Any,
+    top: int | None = None,
+    score_tokens: tuple[int, ...] = (),
+    markers: Markers | None = None,
 ) -> EngineResult:
     """One finished request; ``top``: the top logprobs it asked for (None: none);
-    ``score_tokens``: the tokens whose first-place log probabilities it asked for."""
+    ``score_tokens``: the tokens whose first-place log probabilities it asked for;
+    ``markers``: a reasoning model's, to take each answer apart from its thinking."""
     if hasattr(out.outputs, "data"):  # a PoolingRequestOutput: one vector, no choices
         return _embedding(key, out)
     completions = sorted(out.outputs or [], key=lambda c: getattr(c, "index", 0))
@@ -105,7 +113,8 @@ def _result(
         return EngineResult(
             key, finish_reason=reasons[0], prompt_tokens=prompt_tokens, aborted=True
         )
-    choices = tuple(_choice(c, top) for c in completions)
+    thoughts = _thoughts(completions, markers, out.prompt_token_ids or [])
+    choices = tuple(_choice(c, top, t) for c, t in zip(completions, thoughts, strict=True))
     # one choice's internal error makes the whole request worth sending again
     reason = next((r for r in reasons if r in _RETRYABLE), reasons[0])
     result = EngineResult(
@@ -116,7 +125,10 @@ def _result(
         output_tokens=sum(c.output_tokens for c in choices),
         cached_tokens=int(out.num_cached_tokens or 0),
         choices=choices,
-        scores=_scores(completions[0], score_tokens) if score_tokens else None,
+        scores=_scores(completions[0], score_tokens, thoughts[0]) if score_tokens else None,
+        reasoning=choices[0].reasoning,
+        reasoning_tokens=sum(c.reasoning_tokens for c in choices),
+        reasoning_unfinished=choices[0].reasoning_unfinished,
     )
     if reason in _RETRYABLE:
         error = f"vLLM ended the request with an internal error (finish_reason {reason!r})"
@@ -124,21 +136,45 @@ def _result(
     return result
 
 
-def _scores(completion: Any, tokens: tuple[int, ...]) -> tuple[float, ...]:
-    """The first place's log probability of each of ``tokens`` (-inf where vLLM gave
-    none, which it does only for a token it ruled out)."""
-    place = (completion.logprobs or [None])[0] or {}
+def _thoughts(
+    completions: list[Any], markers: Markers | None, prompt_ids: list[int]
+) -> list[Thought | None]:
+    """Each completion taken apart into thinking and answer (None: not a reasoning model)."""
+    if markers is None:
+        return [None] * len(completions)
+    open_ = markers.open_after(prompt_ids)
+    return [markers.split(c.token_ids, c.text, open_) for c in completions]
+
+
+def _scores(completion: Any, tokens: tuple[int, ...], thought: Thought | None) -> tuple[float, ...]:
+    """The answer's first place's log probability of each of ``tokens`` (-inf where vLLM
+    gave none, which it does only for a token it ruled out): after the thinking, for a
+    reasoning model."""
+    at = thought.answer_at if thought is not None else 0
+    places = completion.logprobs or []
+    place = (places[at] if at < len(places) else None) or {}
     return tuple(float(place[t].logprob) if t in place else float("-inf") for t in tokens)
 
 
-def _choice(completion: Any, top: int | None) -> Choice:
+def _choice(completion: Any, top: int | None, thought: Thought | None = None) -> Choice:
     stop = getattr(completion, "stop_reason", None)
-    return Choice(
+    logprobs = _logprobs(completion, top) if top is not None else None
+    choice = Choice(
         text=completion.text,
         finish_reason=completion.finish_reason,
         output_tokens=len(completion.token_ids),
         stop_sequence=stop if isinstance(stop, str) else None,  # an int is a stop token id
-        logprobs=_logprobs(completion, top) if top is not None else None,
+        logprobs=logprobs,
+    )
+    if thought is None:
+        return choice
+    return replace(
+        choice,
+        text=thought.answer,
+        reasoning=thought.reasoning,
+        reasoning_tokens=thought.reasoning_tokens,
+        reasoning_unfinished=thought.unfinished,
+        logprobs=logprobs[thought.answer_at :] if logprobs is not None else None,
     )
 
 

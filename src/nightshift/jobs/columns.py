@@ -23,6 +23,8 @@ ERROR_COLUMN = "error"  # failed rows: why
 ANSWERED_FROM = "answered_from"
 # The results column a job with input.sampling_column adds (see running.results).
 DETAIL_COLUMN = "detail"
+# The columns a reasoning model's job adds (model.reasoning): its thinking, never the answer
+REASONING_COLUMNS = [pa.field("reasoning", pa.string()), pa.field("reasoning_tokens", pa.int32())]
 # What each task kind parses out of an answer (jobs.tasks)
 TASK_COLUMNS: dict[str, dict[str, pa.DataType]] = {
     "generate": {},
@@ -42,10 +44,13 @@ _COUNTS = [
 
 
 def written_fields(
-    id_type: pa.DataType, task_columns: dict[str, pa.DataType], detail: bool
+    id_type: pa.DataType,
+    task_columns: dict[str, pa.DataType],
+    detail: bool,
+    reasoning: bool = False,
 ) -> tuple[list[pa.Field], list[pa.Field]]:
     """nightshift's own columns of (results, failed), after the id and kept columns."""
-    counts = _COUNTS + [pa.field(ANSWERED_FROM, id_type)]
+    counts = (REASONING_COLUMNS if reasoning else []) + _COUNTS + [pa.field(ANSWERED_FROM, id_type)]
     if detail:  # input.sampling_column: every choice, as JSON (running.results.detail_json)
         counts.append(pa.field(DETAIL_COLUMN, pa.string()))
     task = [pa.field(name, kind) for name, kind in task_columns.items()]
@@ -58,7 +63,7 @@ def _names_written(detail: bool) -> frozenset[str]:
     """Every column name ``written_fields`` gives any task kind."""
     names = set()
     for columns in TASK_COLUMNS.values():
-        for fields in written_fields(pa.string(), columns, detail):
+        for fields in written_fields(pa.string(), columns, detail, reasoning=True):
             names.update(f.name for f in fields)
     return frozenset(names)
 

@@ -37,6 +37,14 @@ class ModelSpec(_Section):
         "and adapter weights). input.adapter_column picks one per record; vLLM's "
         "max_loras and max_lora_rank are set from them (engine.extra overrides).",
     )
+    reasoning: str | None = Field(
+        default=None,
+        description="The model's reasoning format: the name of the vLLM reasoning parser "
+        "that reads its thinking (deepseek_r1 or qwen3 for <think> ... </think>). Each "
+        "answer's reasoning then goes to the reasoning and reasoning_tokens columns, never "
+        "the answer, and task labels or schema constrain only the answer after it. Checked "
+        "against the model's tokenizer before planning.",
+    )
 
     @field_validator("adapters")
     @classmethod
@@ -51,4 +59,4 @@ class ModelSpec(_Section):
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # none: the model section (and every fingerprint) reads as it did before adapters
-        return _without_defaults(handler(self), {"adapters": {}})
+        return _without_defaults(handler(self), {"adapters": {}, "reasoning": None})

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from nightshift.engines.base import Constraint, Sampling
+from nightshift.engines.reasoning import thinking_allowance
 from nightshift.errors import RecordError
 from nightshift.jobs.section import MAX_INT
 from nightshift.jobs.spec import JobSpec
@@ -42,6 +43,7 @@ class RecordSampling(BaseModel):
     json_object: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    reasoning_budget: int | None = Field(default=None, ge=0, le=MAX_INT)  # model.reasoning
 
     @field_validator("stop")
     @classmethod
@@ -115,6 +117,11 @@ def merge_sampling(job: Sampling, override: RecordSampling, min_tokens: int = 0)
     """The job's sampling with ``override``'s keys laid over it. ``min_tokens`` is the
     task's floor for an answer (a classify label must fit), as for the job's own."""
     o = override
+    if o.reasoning_budget and not job.reasoning:  # 0 (thinking off) is what it does anyway
+        raise RecordError(
+            "sampling reasoning_budget: the job's model does not reason (model.reasoning)",
+            BAD_SAMPLING,
+        )
     constraint = job.constraint
     if o.json_schema is not None:
         constraint = Constraint(json_schema=o.json_schema)
@@ -123,9 +130,16 @@ def merge_sampling(job: Sampling, override: RecordSampling, min_tokens: int = 0)
     logprobs = job.logprobs
     if o.logprobs is not None:
         logprobs = (o.top_logprobs or 0) if o.logprobs else None
+    own = o.reasoning_budget is not None and job.reasoning
+    budget = o.reasoning_budget if own else job.reasoning_budget
+    # max_tokens bounds the answer; a reasoning budget's tokens come on top (jobs.tasks)
+    answer = job.max_tokens - thinking_allowance(job.reasoning_budget)
+    if o.max_tokens is not None:
+        answer = max(o.max_tokens, min_tokens)
     return dataclasses.replace(
         job,
-        max_tokens=max(o.max_tokens, min_tokens) if o.max_tokens is not None else job.max_tokens,
+        max_tokens=answer + thinking_allowance(budget),
+        reasoning_budget=budget,
         temperature=o.temperature if o.temperature is not None else job.temperature,
         top_p=o.top_p if o.top_p is not None else job.top_p,
         top_k=o.top_k if o.top_k is not None else job.top_k,

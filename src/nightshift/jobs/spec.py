@@ -158,6 +158,7 @@ SPEC_ENGINE_ARGS = {
     "max_model_len": "model.max_model_len",
     "dtype": "model.dtype",
     "trust_remote_code": "model.trust_remote_code",
+    "reasoning_parser": "model.reasoning",
     "kv_cache_dtype": "engine.kv_cache_dtype",
     "enable_prefix_caching": "engine.enable_prefix_caching",
     "max_num_seqs": "engine.max_num_seqs",
@@ -232,6 +233,20 @@ class SamplingSpec(_Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     seed: int | None = Field(default=None, description="Sampling seed, for repeatable runs.")
     stop: list[str] = Field(default_factory=list, description="Strings that end a generation.")
+    reasoning_budget: int | None = Field(
+        default=None,
+        ge=0,
+        description="With model.reasoning: the most tokens each answer may spend reasoning; "
+        "at the budget the engine closes the reasoning and the answer follows (max_tokens "
+        "more). 0 turns thinking off (the chat template's enable_thinking: false where it "
+        "has one). Unset: reasoning is bounded by max_tokens alone, and a record that "
+        "spends them all before answering fails as reasoning_length.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # unset: the sampling section (and every fingerprint) reads as before reasoning
+        return _without_defaults(handler(self), {"reasoning_budget": None})
 
 
 class OutputSpec(_Section):
@@ -301,11 +316,26 @@ class JobSpec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _budget_needs_reasoning(self) -> JobSpec:
+        if self.sampling.reasoning_budget is not None and not self.model.reasoning:
+            raise ValueError(
+                "sampling.reasoning_budget: the model is not set up to reason; name its "
+                "reasoning parser under model.reasoning (deepseek_r1 for <think> tokens)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _context_fits(self) -> JobSpec:
         if self.sampling.max_tokens >= self.model.max_model_len:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) leaves no room for a prompt "
                 f"in model.max_model_len ({self.model.max_model_len})"
+            )
+        budget = self.sampling.reasoning_budget  # thinking and its closing marker come on top
+        if budget is not None and self.sampling.max_tokens + budget + 1 >= self.model.max_model_len:
+            raise ValueError(
+                f"sampling.reasoning_budget ({budget}) and max_tokens leave no room for a "
+                f"prompt in model.max_model_len ({self.model.max_model_len})"
             )
         return self
 

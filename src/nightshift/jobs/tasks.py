@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from nightshift.engines.base import Constraint, EngineResult, Pooling, Sampling
+from nightshift.engines.reasoning import REASONING_LENGTH, thinking_allowance
 from nightshift.errors import RecordError, SpecError
 from nightshift.jobs.columns import TASK_COLUMNS
 from nightshift.jobs.spec import ClassifyTask, EmbedTask, ExtractTask, GenerateTask, JobSpec
@@ -42,7 +43,15 @@ class TaskHandler:
         return {}
 
     def parse_result(self, result: EngineResult) -> dict[str, Any]:
-        """The task's columns of one answer; ``RecordError`` when it is no valid answer."""
+        """The task's columns of one answer; ``RecordError`` when it is no valid answer
+        (``reasoning_length``: a reasoning model thought until no token was left)."""
+        if result.reasoning_unfinished:
+            raise RecordError(
+                f"{REASONING_LENGTH}: the reasoning spent all {result.output_tokens} output "
+                "tokens before any answer (set sampling.reasoning_budget, or raise "
+                "sampling.max_tokens)",
+                REASONING_LENGTH,
+            )
         return self.parse(result.text, result.finish_reason, result.scores)
 
     def under(self, adapter: str | None) -> TaskHandler:
@@ -261,10 +270,12 @@ def embedding_dimension(spec: JobSpec) -> int:
 
 def answer_budget(spec: JobSpec) -> int:
     """Tokens reserved for each answer: sampling.max_tokens, raised where the task needs
-    it; none for an embed job, which reads its prompt and writes nothing."""
+    it, plus a reasoning model's thinking budget (it is output too); none for an embed
+    job, which reads its prompt and writes nothing."""
     if spec.task.kind == "embed":
         return 0
-    return max(spec.sampling.max_tokens, handler_for(spec.task).min_tokens)
+    answer = max(spec.sampling.max_tokens, handler_for(spec.task).min_tokens)
+    return answer + thinking_allowance(spec.sampling.reasoning_budget)
 
 
 def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
@@ -273,10 +284,18 @@ def sampling_for(spec: JobSpec, task: TaskHandler) -> Sampling:
         e = spec.embed
         return Sampling(1, pooling=Pooling(e.normalize, e.dimensions) if e else Pooling())
     scoring = getattr(task, "scoring", None)
+    thinks = {"reasoning": bool(spec.model.reasoning), "reasoning_budget": s.reasoning_budget}
+    if scoring is not None and spec.model.reasoning:
+        # the scores are read at the answer's first place, after the thinking; the
+        # labels guide the answer, so it is one of them whatever the scores say
+        guided = Constraint(choice=scoring.labels)
+        tokens = scoring.tokens
+        return Sampling(answer_budget(spec), 0.0, constraint=guided, score_tokens=tokens, **thinks)
     if scoring is not None:  # one greedy step, for the label tokens' scores only
         return Sampling(1, 0.0, score_tokens=scoring.tokens)
     budget = answer_budget(spec)
-    return Sampling(budget, s.temperature, s.top_p, s.seed, tuple(s.stop), task.constraint)
+    stop = tuple(s.stop)
+    return Sampling(budget, s.temperature, s.top_p, s.seed, stop, task.constraint, **thinks)
 
 
 def shared_first_tokens(labels: list[str], encode) -> list[tuple[str, list[str]]]:

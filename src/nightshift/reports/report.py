@@ -23,6 +23,7 @@ from nightshift.engines.identity import engine_identity
 from nightshift.jobs.spec import CostSpec
 from nightshift.reports.lines import cost_line, time_line
 from nightshift.reports.quality import quality_summary_lines
+from nightshift.reports.reasoning import reasoning_lines
 from nightshift.running.canary import summary_line
 from nightshift.running.totals import RunTotals
 
@@ -161,6 +162,7 @@ def summary_lines(report: dict[str, Any], output: str) -> list[str]:
         time_line(report),  # generation split as report.png draws it
         cost_line(report),  # a price applied to what ran, or no figure at all
         *quality_summary_lines(report),  # eval: accuracy beside the cost
+        *reasoning_lines(report),  # model.reasoning: the thinking, apart
         *([summary_line(report["canary"])] if report.get("canary") else []),
         *_embedding_line(report.get("embedding")),
         f"output: {output}",
@@ -194,6 +196,8 @@ def output_section(
     ok = sum(m["records"]["ok"] for m in markers.values())
     failed = sum(m["records"]["failed"] for m in markers.values())
     tokens = {k: sum(m["tokens"][k] for m in markers.values()) for k in _TOKEN_KEYS}
+    if any("reasoning" in m["tokens"] for m in markers.values()):  # of output: the thinking
+        tokens["reasoning"] = sum(m["tokens"].get("reasoning", 0) for m in markers.values())
     count = manifest["shards"]["count"]
     return {
         "records": {

@@ -28,13 +28,15 @@ class ResultTables:
         keep: list[str],
         task: TaskHandler,
         detail: bool = False,
+        reasoning: bool = False,
     ):
-        self.task, self.detail = task, detail
+        self.task, self.detail, self.reasoning = task, detail, reasoning
         keep = [c for c in keep if c != id_column]  # the id is always the first column
         head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
         # nightshift's own columns: the spec refuses input columns of these names
         # (jobs.columns.OUTPUT_COLUMNS is made from the same list)
-        results, failed = written_fields(input_schema.field(id_column).type, task.columns, detail)
+        id_type = input_schema.field(id_column).type
+        results, failed = written_fields(id_type, task.columns, detail, reasoning)
         self.results = pa.schema(head + results)
         self.failed = pa.schema(head + failed)
         self._id_column = id_column
@@ -55,6 +57,8 @@ class ResultTables:
         }
         if self.detail:
             row[DETAIL_COLUMN] = detail_json(result) if not result.error else None
+        if self.reasoning:  # model.reasoning: the thinking apart, never in the answer
+            row["reasoning"], row["reasoning_tokens"] = result.reasoning, result.reasoning_tokens
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
@@ -80,6 +84,9 @@ def detail_json(result: EngineResult) -> str:
             "stop_sequence": c.stop_sequence,
             "output_tokens": c.output_tokens,
             "logprobs": None if c.logprobs is None else [_logprob(t) for t in c.logprobs],
+            # a reasoning model's thinking (model.reasoning), apart from the text
+            **({} if c.reasoning is None else {"reasoning": c.reasoning}),
+            **({"reasoning_tokens": c.reasoning_tokens} if c.reasoning is not None else {}),
         }
         for c in result.all_choices()
     ]

@@ -78,7 +78,12 @@ class ShardRunner(ShardSettling):
         self.kept = kept_columns(spec, input_schema(manifest).names)
         detail = spec.input.sampling_column is not None
         tables = ResultTables(
-            input_schema(manifest), spec.input.id_column, self.kept, self.task, detail=detail
+            input_schema(manifest),
+            spec.input.id_column,
+            self.kept,
+            self.task,
+            detail=detail,
+            reasoning=bool(spec.model.reasoning),
         )
         super().__init__(spec, shards, tables, progress, retry_in_place)
         self.planned = {s["index"]: s["records"] for s in manifest["shards"]["each"]}

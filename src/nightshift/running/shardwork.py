@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nightshift.engines.reasoning import REASONING_LENGTH
 from nightshift.errors import NightshiftError
 from nightshift.io.shardstore import ShardStore, StoredFile, one_row_per_record
 from nightshift.running.results import ResultTables
@@ -64,6 +65,16 @@ class ShardWork:
         return ok, failed
 
 
+def add_reasoning(summary: dict[str, Any], ok: pa.Table, failed: pa.Table) -> None:
+    """A reasoning model's shard: its thinking tokens (of the output tokens), and the
+    records that thought until no token was left (failed as ``reasoning_length``)."""
+    summary["tokens"]["reasoning"] = sum(
+        pc.sum(t.column("reasoning_tokens")).as_py() or 0 for t in (ok, failed)
+    )
+    errors = pc.starts_with(failed.column("error"), pattern=f"{REASONING_LENGTH}:")
+    summary["records"][REASONING_LENGTH] = pc.sum(errors).as_py() or 0
+
+
 def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -> dict[str, Any]:
     """What a commit marker records about its shard, beside its files."""
     tokens = {
@@ -78,9 +89,12 @@ def shard_summary(ok: pa.Table, failed: pa.Table, planned: int, attempts: int) -
         ok.column("finish_reason").to_pylist() + failed.column("finish_reason").to_pylist()
     )
     reasons.pop(None, None)
-    return {
+    summary = {
         "records": {"planned": planned, "ok": ok.num_rows, "failed": failed.num_rows},
         "tokens": tokens,
         "finish_reasons": dict(sorted(reasons.items())),
         "attempts": attempts,
     }
+    if "reasoning_tokens" in ok.column_names:  # model.reasoning: the thinking, counted apart
+        add_reasoning(summary, ok, failed)
+    return summary

@@ -18,6 +18,8 @@ class RunTotals:
     prompt_tokens_cached: int = 0
     output_tokens: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
+    reasoning_tokens: int = 0  # model.reasoning: of output_tokens, the thinking
+    reasoning_tokens_max: int = 0  # the most one record thought (its budget bounds it)
 
     def count(self, row: dict, ok: bool) -> None:
         """Count one answered (or failed) record from its output row."""
@@ -30,6 +32,9 @@ class RunTotals:
         self.output_tokens += row.get("output_tokens") or 0
         if row.get("finish_reason"):
             self.finish_reasons[row["finish_reason"]] += 1
+        thought = row.get("reasoning_tokens") or 0
+        self.reasoning_tokens += thought
+        self.reasoning_tokens_max = max(self.reasoning_tokens_max, thought)
 
     @property
     def all_tokens(self) -> int:

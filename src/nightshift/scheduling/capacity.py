@@ -105,10 +105,13 @@ def output_estimate(spec: JobSpec, given: int | None) -> tuple[float, str]:
         return given, "--output-tokens"
     if spec.capacity.output_tokens:
         return spec.capacity.output_tokens, "capacity.output_tokens"
+    # a reasoning model's thinking is output too: its budget is counted in (answer_budget)
+    thinking = " plus sampling.reasoning_budget" if spec.sampling.reasoning_budget else ""
     if spec.task.kind == "classify":
-        return answer_budget(spec), "classify: the longest label's bound (an upper bound)"
-    return spec.sampling.max_tokens, (
-        "sampling.max_tokens, every answer at its limit (an upper bound; "
+        bound = f"classify: the longest label's bound{thinking} (an upper bound)"
+        return answer_budget(spec), bound
+    return answer_budget(spec), (
+        f"sampling.max_tokens{thinking}, every answer at its limit (an upper bound; "
         "pass --output-tokens for the expected length)"
     )
 

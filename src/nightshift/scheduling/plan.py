@@ -317,7 +317,20 @@ def describe(plan: Plan, spec: JobSpec) -> dict[str, Any]:
     }
 
 
+def prepare_reasoning(encoder: PromptEncoder, parser: str, budget: int | None) -> None:
+    """A reasoning model's markers must be tokens of its tokenizer (SpecError, one line,
+    if not); a budget of 0 renders prompts with thinking off where the template can."""
+    from nightshift.engines.reasoning import markers_for, thinking_off
+
+    markers_for(parser, encoder.hf_tokenizer)
+    if budget == 0:
+        encoder.template_kwargs = thinking_off(encoder.hf_tokenizer)
+
+
 def load_encoder(spec: JobSpec) -> PromptEncoder:
     key = "model.tokenizer" if spec.model.tokenizer else "model.path"
     source = spec.model.tokenizer or spec.model.path
-    return PromptEncoder.load(source, spec.model.trust_remote_code, key)
+    encoder = PromptEncoder.load(source, spec.model.trust_remote_code, key)
+    if spec.model.reasoning:  # its markers checked before any prompt is rendered
+        prepare_reasoning(encoder, spec.model.reasoning, spec.sampling.reasoning_budget)
+    return encoder

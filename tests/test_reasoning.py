@@ -1,0 +1,127 @@
+"""Reasoning models (issue 42) on the fake engine: the thinking apart from the answer,
+its budget, records that think until no token is left, and the spec's checks. The same
+job on vLLM itself is tests/test_reasoning_engine.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from nightshift.demo.model import build_model
+from nightshift.demo.reasoning import PARSER
+from nightshift.demo.tickets import LABELS, corpus
+from nightshift.errors import SpecError
+from nightshift.io.outputs import JobOutput, committed_files
+from nightshift.jobs.loading import validate_spec
+from nightshift.pipelines.direct import run_job
+from nightshift.scheduling.plan import load_encoder
+
+from .conftest import spec_dict, write_records
+from .durable import read_table
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory) -> Path:
+    """The demo model's reasoning variant, as `nightshift demo init` builds it."""
+    return build_model(tmp_path_factory.mktemp("reasoning") / "m", corpus(), reasoning=True)
+
+
+def rows(kind: str, location: Path) -> pl.DataFrame:
+    output = JobOutput(str(location))
+    tables = [pl.from_arrow(read_table(output, u)) for u in committed_files(str(location), kind)]
+    return pl.concat(tables) if tables else pl.DataFrame()
+
+
+def reasoning_spec(model: Path, ticket_dir: Path, out: Path, **changes) -> dict:
+    data = spec_dict(model, ticket_dir, out, task={"kind": "classify", "labels": list(LABELS)})
+    data["model"] = {"path": str(model), "max_model_len": 2048, "reasoning": PARSER}
+    data["run"] = {**data["run"], "engine": "fake"}
+    data["sampling"] = {"max_tokens": 8, "reasoning_budget": 6}
+    for section, values in changes.items():
+        data[section] = {**data[section], **values}
+    return data
+
+
+@pytest.mark.parametrize("calibrate", [True, False], ids=["scored", "guided"])
+def test_classify_answers_are_labels_with_the_thinking_apart_and_within_budget(
+    thinker, ticket_dir, tmp_path, calibrate
+):
+    data = reasoning_spec(thinker, ticket_dir, tmp_path / "out", task={"calibrate": calibrate})
+    report = run_job(validate_spec(data), progress=False).report
+    ok = rows("results", tmp_path / "out")
+    assert ok.height == 120 and report["records"]["failed"] == 0
+    assert set(ok["label"]) <= set(LABELS)
+    assert (ok["text"] == ok["label"]).all()  # no thinking in front of the answer
+    assert ok["reasoning"].str.starts_with("r").all()
+    assert ok["reasoning_tokens"].max() <= 6 and ok["reasoning_tokens"].min() >= 4
+    thought = int(ok["reasoning_tokens"].sum())
+    assert report["tokens"]["reasoning"] == thought
+    assert report["reasoning"]["tokens"] == thought
+    assert report["reasoning"]["this_run"]["tokens_max_per_record"] <= 6
+    # the thinking is output: paid for as output tokens
+    assert report["tokens"]["output"] >= thought + 120
+
+
+def test_records_that_think_until_no_token_is_left_fail_as_reasoning_length(
+    thinker, ticket_dir, tmp_path
+):
+    data = reasoning_spec(thinker, ticket_dir, tmp_path / "out")
+    data["task"] = {"kind": "generate"}
+    data["sampling"] = {"max_tokens": 20}  # no budget: thoughts of 4-32 tokens, some longer
+    report = run_job(validate_spec(data), progress=False).report
+    ok, failed = rows("results", tmp_path / "out"), rows("failed", tmp_path / "out")
+    assert failed.height > 0 and ok.height > 0
+    assert failed["error"].str.starts_with("reasoning_length:").all()
+    assert (failed["text"] == "").all() and failed["reasoning"].str.len_chars().min() > 0
+    assert (ok["text"].str.len_chars() > 0).all() and (ok["reasoning_tokens"] < 19).all()
+    assert report["records"]["failed"] == failed.height
+    assert report["reasoning"]["records_out_of_tokens"] == failed.height
+
+
+def test_a_record_s_own_budget_overrides_the_job_s(thinker, tmp_path):
+    budgets = [0, 2, None, 5]
+    records = [
+        {
+            "ticket_id": f"t{i}",
+            "subject": f"s{i}",
+            "body": f"body {i}",
+            "sampling": None if b is None else json.dumps({"reasoning_budget": b}),
+        }
+        for i, b in enumerate(budgets)
+    ]
+    path = write_records(tmp_path / "in" / "part.parquet", records)
+    data = reasoning_spec(thinker, path, tmp_path / "out", input={"sampling_column": "sampling"})
+    data["task"] = {"kind": "generate"}
+    run_job(validate_spec(data), progress=False)
+    ok = rows("results", tmp_path / "out").sort("ticket_id")
+    assert ok["reasoning_tokens"].to_list()[0] == 0
+    assert ok["reasoning_tokens"].to_list()[1] <= 2
+    assert ok["reasoning_tokens"].to_list()[2] <= 6 and ok["reasoning_tokens"].to_list()[3] <= 5
+
+
+def test_a_model_without_think_tokens_is_refused_in_one_line(models, ticket_dir, tmp_path):
+    data = reasoning_spec(models["chat"], ticket_dir, tmp_path / "out")
+    with pytest.raises(SpecError) as refused:
+        load_encoder(validate_spec(data))
+    message = str(refused.value)
+    assert message.startswith("model.reasoning:") and "'<think>'" in message
+    assert "\n" not in message
+
+
+def test_a_budget_needs_a_reasoning_model(models, ticket_dir, tmp_path):
+    data = spec_dict(models["chat"], ticket_dir, tmp_path / "out")
+    data["sampling"] = {"max_tokens": 8, "reasoning_budget": 4}
+    with pytest.raises(Exception, match="model.reasoning"):
+        validate_spec(data)
+
+
+def test_a_budget_of_zero_renders_prompts_with_thinking_off(thinker, ticket_dir, tmp_path):
+    data = reasoning_spec(thinker, ticket_dir, tmp_path / "out")
+    on = load_encoder(validate_spec(data))
+    data["sampling"]["reasoning_budget"] = 0
+    off = load_encoder(validate_spec(data))
+    assert on.template_frame("x")[1].endswith("<think>\n")
+    assert off.template_frame("x")[1].endswith("</think>\n\n")
