@@ -7,6 +7,7 @@ and errors files; run again on the same work folder it carries on where it stopp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from nightshift.batch.lifecycle import DAY_S
 from nightshift.batch.progress import EXPIRED_MESSAGE, LiveCounts, expired
 from nightshift.batch.records import served_names
 from nightshift.batch.store import BatchStore
+from nightshift.errors import SpecErrors, UserError
 
 
 class JobStopped(Exception):
@@ -41,6 +43,32 @@ class ServeSettings:
         """The names a request's ``model`` may give (``/v1/models`` lists them): the
         base model's, then the adapters'."""
         return [*served_names(self.model, self.served_names), *self.adapters]
+
+
+def check_settings(settings: ServeSettings) -> None:
+    """Refuse, before anything listens, what would fail every batch: a missing model
+    folder or adapter, a ``--set`` a batch does not take, and a job spec those make
+    invalid (each one message naming the option)."""
+    import tempfile
+
+    from nightshift.batch.jobspec import job_spec
+    from nightshift.batch.run import check_overrides, model_and_names
+    from nightshift.io.objectstore import open_store
+
+    names = settings.served_names or None
+    model, _, adapters = model_and_names(settings.model, names, settings.adapters)
+    check_overrides(settings.overrides)
+    marker = {
+        "input": "batch.jsonl",
+        "shape": "messages",
+        "endpoint": "/v1/chat/completions",
+        "adapters": adapters,
+    }
+    with tempfile.TemporaryDirectory(prefix="nightshift-check-") as tmp:
+        try:
+            job_spec(open_store(tmp), marker, model, list(settings.overrides))
+        except SpecErrors as exc:  # every batch's job would be refused: say it in one line
+            raise UserError(f"--set {'; '.join(map(str, exc.errors))}") from None
 
 
 def input_uri(batches: BatchStore, record: dict[str, Any]) -> str:
@@ -87,14 +115,16 @@ def run_record(batches: BatchStore, record: dict[str, Any], settings: ServeSetti
 def write_partial(
     batches: BatchStore, record: dict[str, Any], expiring: bool = False
 ) -> dict[str, int]:
-    """A cancelled or expired batch's results: the lines its job answered (its committed
-    shards and the bad lines); for the requests it never ran, none when cancelled, a
-    ``batch_expired`` error each when expired. ``run_batch`` writes results only once a
-    job is done, so this is its last step, given the answers so far."""
+    """A cancelled or expired batch's results: every line its job answered (committed
+    shards and the checkpoints of the one it stopped in, as the providers return the
+    work already done) and the bad lines; for the requests it never ran, none when
+    cancelled, a ``batch_expired`` error each when expired. ``run_batch`` writes results
+    only once a job is done, so this is its last step, given the answers so far."""
     import json
     import tempfile
     from pathlib import Path
 
+    from nightshift.batch.openai import EMBEDDINGS
     from nightshift.batch.output import outcomes, write_outputs
     from nightshift.batch.records import BadLine
     from nightshift.batch.run import BAD_LINES, JOB_DIR, MARKER, RECORDS
@@ -104,25 +134,33 @@ def write_partial(
     work = open_store(batches.work_uri(record["id"]))
     marker = json.loads(work.get_bytes(MARKER))
     bad = [BadLine(**b) for b in json.loads(work.get_bytes(BAD_LINES))]
+    left = [0]  # the requests never run
     with tempfile.TemporaryDirectory(prefix="nightshift-cancel-") as tmp:
         records = work.download(RECORDS, Path(tmp, "r.parquet")) if marker["records"] else None
         ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
-        ran = list(outcomes(records, bad, work.uri(JOB_DIR)))
-        left = sum(_not_run(item[3]) for item in ran)
-        answered = (
-            (*item[:3], _expired_answer()) if expiring and _not_run(item[3]) else item
-            for item in ran
-            if expiring or not _not_run(item[3])
-        )
+        split = marker["endpoint"] == EMBEDDINGS
+        ran = outcomes(records, bad, work.uri(JOB_DIR), split=split)
         done = write_outputs(
             ctx,
             marker["format"],
-            answered,
+            _kept(ran, expiring, left),
             batches.file_uri(record["output_file_id"]),
             errors_uri(batches, record),
         )
     counts = outcome_counts(done) | {"total": record["request_counts"]["total"]}
-    return counts | ({"expired": left} if expiring else {})
+    return counts | ({"expired": left[0]} if expiring else {})
+
+
+def _kept(items: Iterator[tuple], expiring: bool, left: list[int]) -> Iterator[tuple]:
+    """The lines a stopped batch's results hold: the answered ones, and when it expired,
+    a ``batch_expired`` line for each request not run (counted in ``left``)."""
+    for item in items:
+        if not _not_run(item[3]):
+            yield item
+            continue
+        left[0] += 1
+        if expiring:
+            yield (*item[:3], _expired_answer())
 
 
 def _not_run(answer: Any) -> bool:

@@ -73,7 +73,7 @@ def finish(
         )
         crash_point("batch.finalizing")  # a kill now: the next start finalizes it again
     results = _result_files(batches, record)
-    canceled = _canceled_file(batches, record, results) if how == "cancelled" else None
+    canceled = _unanswered_file(batches, record, results, _unanswered(how))
 
     def change(r: dict[str, Any]) -> dict[str, Any]:
         r = _with_results(r, record, results, canceled)
@@ -130,10 +130,25 @@ def _result_files(batches: BatchStore, record: dict[str, Any]) -> list[str]:
     return found
 
 
-def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str | None:
-    """Anthropic answers every request of a cancelled batch: those never run come back
-    as ``canceled`` results."""
-    if record["provider"] != "anthropic":
+def _unanswered(how: str) -> dict[str, Any] | None:
+    """The Anthropic result of a request its batch ended without answering: ``canceled``
+    by a cancel, ``errored`` (naming why) when the batch failed; None otherwise."""
+    if how == "cancelled":
+        return {"type": "canceled"}
+    if how.startswith("failed"):
+        why = how.partition(": ")[2] or "the batch failed"
+        message = f"the batch failed before this request ran: {why}"
+        return {"type": "errored", "error": {"type": "error", "error": {
+            "type": "api_error", "message": message}}}  # fmt: skip
+    return None
+
+
+def _unanswered_file(
+    batches: BatchStore, record: dict, results: list[str], result: dict[str, Any] | None
+) -> str | None:
+    """Anthropic answers every request of a batch whatever ended it: those never run
+    come back as ``result`` lines (canceled, or errored when the batch failed)."""
+    if record["provider"] != "anthropic" or result is None:
         return None
     answered = {cid for file_id in results for cid in custom_ids(batches.file_content(file_id))}
     try:
@@ -141,7 +156,7 @@ def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str
     except ObjectNotFound:
         asked = []
     lines = [
-        json.dumps({"custom_id": cid, "result": {"type": "canceled"}})
+        json.dumps({"custom_id": cid, "result": result})
         for cid in dict.fromkeys(asked)
         if cid not in answered
     ]
@@ -150,7 +165,8 @@ def _canceled_file(batches: BatchStore, record: dict, results: list[str]) -> str
     file_id = new_id("file")
     batches.add_owner(file_id, record["id"])  # before it exists: never deletable
     batches.store.put_bytes(batches.file_key(file_id), ("\n".join(lines) + "\n").encode())
-    batches.register_output(file_id, "batch_output", f"{record['id']}_canceled.jsonl")
+    suffix = result["type"]
+    batches.register_output(file_id, "batch_output", f"{record['id']}_{suffix}.jsonl")
     return file_id
 
 

@@ -11,35 +11,67 @@ import heapq
 import itertools
 import json
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nightshift.batch.lineorder import FAILED, OK, in_order
 from nightshift.batch.records import ECHO_COLUMN, ID_COLUMN, BadLine, line_id, read_lines
-from nightshift.batch.results import NOT_RUN, Answer, Written, bad_line_answer, dumps, job_answers
+from nightshift.batch.results import (
+    NOT_RUN,
+    REJECT_CODES,
+    Answer,
+    Written,
+    bad_line_answer,
+    dumps,
+)
 from nightshift.batch.shapes import Context, anthropic_line, openai_line
 from nightshift.io.objectstore import open_store
 
 
 def outcomes(
-    records: Path | None, bad: list[BadLine], job: str | None
+    records: Path | None, bad: list[BadLine], job: str | None, split: bool = True
 ) -> Iterator[tuple[int, str | None, str | None, Answer]]:
-    """(line, custom_id, model, answer) for every non-blank input line, in line order."""
-    answers = job_answers(job) if job else {}
+    """(line, custom_id, model, answer) for every non-blank input line, in line order,
+    the job's answers streamed (``lineorder``): never all of them in memory. ``split``:
+    the records are a /v1/embeddings file's, a several-input line one record per input
+    (``records.split_inputs``); any other file's ids are the lines' own, byte for byte."""
     ran: Iterator[tuple[int, str | None, str | None, Answer]] = iter(())
     if records is not None:
-        ran = _lines(read_lines(records), answers)
+        ran = _lines(_answered(records, job), split)
     refused = ((b.line, b.custom_id, None, bad_line_answer(b)) for b in bad)
     yield from heapq.merge(ran, refused, key=lambda item: item[0])
 
 
-def _lines(records: Iterable[dict[str, Any]], answers: dict[str, Answer]):
+def _answered(records: Path, job: str | None) -> Iterator[tuple[dict[str, Any], Answer]]:
+    """Each record's row (in line order) and its answer, or not-run."""
+    answers = in_order(records, job)
+    pending = next(answers, None)
+    for position, record in enumerate(read_lines(records)):
+        answer = None
+        if pending is not None and pending[0] == position:
+            answer = _answer(pending[1], pending[2])
+            pending = next(answers, None)
+        yield record, _echoed(answer, record)
+
+
+def _answer(kind: int, row: dict[str, Any]) -> Answer:
+    if kind == OK:
+        return Answer(ok=True, row=row)
+    if kind == FAILED:
+        return Answer(False, status=500, code="server_error", message=row["error"])
+    code, param = REJECT_CODES.get(row.get("reject_kind"), ("invalid_request", None))
+    return Answer(False, code=code, message=row.get("reason") or "rejected", param=param)
+
+
+def _lines(answered: Iterator[tuple[dict[str, Any], Answer]], split: bool):
     """(line, custom_id, model, answer) of each line that ran, its records gathered (a
     several-input embeddings line is one record per input, ``records.split_inputs``)."""
-    for line, group in itertools.groupby(records, key=lambda r: r["line"]):
+    for line, group in itertools.groupby(answered, key=lambda pair: pair[0]["line"]):
         group = list(group)
-        found = [_echoed(answers.get(r[ID_COLUMN]), r) for r in group]
-        yield line, line_id(group[0][ID_COLUMN]), group[0]["model"], _gathered(found)
+        first = group[0][0]
+        custom_id = line_id(first[ID_COLUMN]) if split else first[ID_COLUMN]
+        yield line, custom_id, first["model"], _gathered([a for _, a in group])
 
 
 def _gathered(found: list[Answer]) -> Answer:

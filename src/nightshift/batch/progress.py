@@ -1,10 +1,12 @@
 """A running batch as its clients poll it: live request counts, and its window.
 
 Clients poll a batch for progress, so while its job runs the record's
-``request_counts`` follow what is answered: ``completed`` the records answered so far
-(committed shards and checkpoints, as ``nightshift jobs status`` counts them),
-``failed`` the bad lines and the records set aside or failed. They only grow; the end
-state (``lifecycle.finish``) writes the final figures.
+``request_counts`` follow what is answered: ``completed`` the requests (lines) answered
+so far (committed shards and checkpoints, as ``nightshift jobs status`` counts them; a
+several-input embeddings line once all its inputs are), ``failed`` the bad lines and
+those set aside or failed. They only grow and never add up to more than ``total``; the
+end state (``lifecycle.finish``) writes the final figures, which include every answer
+checkpointed (``lineorder``), so they never fall either.
 
 A batch that is not finished by its ``expires_at`` (its completion window after it was
 created, 24 hours as the providers have it, ``--expire-after`` for the server) expires:
@@ -33,7 +35,9 @@ def expired(record: dict[str, Any], now: float | None = None) -> bool:
 
 
 def answered_so_far(work_uri: str) -> dict[str, int] | None:
-    """The batch's requests completed and failed so far; None before its conversion."""
+    """The batch's requests (lines) completed and failed so far; None before its
+    conversion. A line is done when every record it became is answered: one record, or
+    one per input of a several-input embeddings line."""
     from nightshift.batch.run import JOB_DIR, MARKER
     from nightshift.io.objectstore import open_store
     from nightshift.jobs.status import output_status
@@ -46,11 +50,38 @@ def answered_so_far(work_uri: str) -> dict[str, int] | None:
     failed = marker["bad_lines"]
     if not marker["records"]:
         return {"completed": 0, "failed": failed}
+    if marker["records"] != marker["lines"] - failed:  # a line is several records
+        done = _lines_done(work, JOB_DIR)
+        return {"completed": done["completed"], "failed": failed + done["failed"]}
     try:
         records = output_status(work.uri(JOB_DIR))["records"]
     except UserError:  # no plan yet
         return {"completed": 0, "failed": failed}
     return {"completed": records["ok"], "failed": failed + records["rejected"] + records["failed"]}
+
+
+def _lines_done(work: Any, job_dir: str) -> dict[str, int]:
+    """Lines whose records are all answered: completed when every one is ok, else failed."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from nightshift.batch.jobspec import RECORDS
+    from nightshift.batch.lineorder import FAILED, answer_sources, place
+    from nightshift.batch.records import ID_COLUMN
+
+    with tempfile.TemporaryDirectory(prefix="nightshift-counts-") as tmp:
+        records = pq.read_table(
+            work.download(RECORDS, Path(tmp, "records.parquet")), columns=[ID_COLUMN, "line"]
+        )
+        kinds = place(answer_sources(work.uri(job_dir), Path(tmp)), records.column(ID_COLUMN))
+    _, line = np.unique(records.column("line").to_numpy(), return_inverse=True)
+    total = np.bincount(line)
+    done = np.bincount(line, weights=kinds > 0, minlength=len(total)) == total
+    bad = np.bincount(line, weights=kinds >= FAILED, minlength=len(total)) > 0
+    return {"completed": int((done & ~bad).sum()), "failed": int((done & bad).sum())}
 
 
 class LiveCounts:
@@ -86,12 +117,9 @@ class LiveCounts:
             counts = record["request_counts"]
             if record["status"] not in ("in_progress", "cancelling"):
                 return None
-            # records, not lines (a several-input embeddings line is several): capped
-            grown = {k: min(max(counts[k], v), counts["total"]) for k, v in found.items()}
-            return (
-                None
-                if grown.items() <= counts.items()
-                else {**record, "request_counts": {**counts, **grown}}
-            )
+            grown = {k: max(counts[k], v) for k, v in found.items()}
+            if grown.items() <= counts.items() or sum(grown.values()) > counts["total"]:
+                return None  # nothing new, or figures no request count may show
+            return {**record, "request_counts": {**counts, **grown}}
 
         self.batches.update_batch(self.batch_id, change)

@@ -18,7 +18,7 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -354,9 +354,12 @@ def validated(model: type[BaseModel], data: dict[str, Any], prefix: str) -> Any:
         raise BadRequest(f"{param}: {problem}", param=param or None) from None
 
 
-def read_lines(path: Path) -> Iterable[dict[str, Any]]:
-    """The records table's rows (for writing results), in line order."""
-    names = pq.read_schema(path).names  # a batch converted before the echo column: none
+def read_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The records table's rows (for writing results), in line order, read a batch at a
+    time (the prompts are not read)."""
+    file = pq.ParquetFile(path)
+    names = file.schema_arrow.names  # a batch converted before the echo column: none
     columns = [ID_COLUMN, "line", "model", SAMPLING_COLUMN]
-    table = pq.read_table(path, columns=columns + [c for c in (ECHO_COLUMN,) if c in names])
-    return table.to_pylist()
+    columns += [c for c in (ECHO_COLUMN,) if c in names]
+    for batch in file.iter_batches(batch_size=WRITE_BATCH, columns=columns):
+        yield from batch.to_pylist()

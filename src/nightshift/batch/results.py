@@ -18,17 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from nightshift.batch.records import ID_COLUMN, BadLine
-from nightshift.io.outputs import JobOutput, committed_files
-from nightshift.scheduling.dedup import ANSWERED_FROM
+from nightshift.batch.records import BadLine
 
 # reject_kind -> (code, param) of the 400 it becomes
 REJECT_CODES = {
@@ -61,54 +54,6 @@ class Written:
     cached_tokens: int = 0
 
 
-def job_answers(location: str) -> dict[str, Answer]:
-    """custom_id -> Answer, from the job's committed results, failures and rejects."""
-    answers: dict[str, Answer] = {}
-    output = JobOutput(location)
-    copies = []
-    for row in _rows(output, "results"):
-        answers[row[ID_COLUMN]] = Answer(ok=True, row=row)
-        if row.get(ANSWERED_FROM) is not None:
-            copies.append(row)
-    for row in copies:
-        original = answers.get(row[ANSWERED_FROM])
-        if original is not None and original.ok:
-            row.update(own_usage(original.row))
-    for row in _rows(output, "failed"):
-        answers[row[ID_COLUMN]] = Answer(
-            False, status=500, code="server_error", message=row["error"]
-        )
-    for row in _rows(output, "rejects"):
-        code, param = REJECT_CODES.get(row["reject_kind"], ("invalid_request", None))
-        answers[row[ID_COLUMN]] = Answer(False, code=code, message=row["reason"], param=param)
-    return answers
-
-
-def own_usage(original: dict[str, Any]) -> dict[str, int]:
-    """A dedup copy's usage, as the provider would report its own request.
-
-    The results row of a copy holds 0 tokens: what it cost the engine (report.json counts
-    that). Its line describes the request itself: its prompt is the original's exactly
-    (the dedup key is over the rendered prompt, so the token ids are equal) and its answer
-    is the original's, so both counts are the original's. Cached tokens are 0: the
-    providers count prompt tokens read from the prompt cache for this request, and a copy
-    never reached the engine, so nothing was read for it (what dedup saved is in
-    report.json's ``repeats``, not passed off as cache reads)."""
-    return {
-        "prompt_tokens": original["prompt_tokens"] or 0,
-        "output_tokens": original["output_tokens"] or 0,
-        "cached_tokens": 0,
-    }
-
-
-def _rows(output: JobOutput, kind: str) -> Iterator[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="nightshift-batch-") as tmp:
-        for n, uri in enumerate(committed_files(output.location, kind)):
-            key = uri.removeprefix(output.store.root + "/")
-            table = pq.read_table(output.store.download(key, Path(tmp) / f"{n}.parquet"))
-            yield from table.to_pylist()
-
-
 def request_ids(batch_key: str, custom_id: str | None, line: int) -> dict[str, str]:
     digest = hashlib.sha256(f"{batch_key}\0{custom_id}\0{line}".encode()).hexdigest()[:24]
     return {"line": f"batch_req_{digest}", "request": f"req_{digest}", "body": digest}
@@ -126,6 +71,7 @@ def choices(row: dict[str, Any]) -> list[dict[str, Any]]:
             "stop_sequence": None,
             "output_tokens": row["output_tokens"],
             "logprobs": None,
+            "reasoning": row.get("reasoning"),  # a reasoning model's thinking (model.reasoning)
         }
     ]
 

@@ -39,7 +39,7 @@ from nightshift.batch.destinations import (
     legacy_claims,
 )
 from nightshift.batch.jobspec import JOB_DIR, RECORDS, job_spec
-from nightshift.batch.openai import OpenAIParser
+from nightshift.batch.openai import EMBEDDINGS, OpenAIParser
 from nightshift.batch.output import outcomes, write_outputs
 from nightshift.batch.records import (
     BadLine,
@@ -95,7 +95,7 @@ def run_batch(
 ) -> BatchOutcome:
     """Run one batch file to its output (and errors) file; rerun to resume. A request
     whose ``model`` is a key of ``adapters`` runs under that LoRA adapter (a folder)."""
-    model_path, served, adapters = _model_and_names(model, served_names, adapters)
+    model_path, served, adapters = model_and_names(model, served_names, adapters)
     check_overrides(overrides or [])
     work_url = _checked_work_url(output_url, errors_url, work_url)
     work = open_store(work_url)
@@ -120,7 +120,7 @@ def run_batch(
     return _with_counts(outcome, done)
 
 
-def _model_and_names(
+def model_and_names(
     model: str, served_names: list[str] | None, adapters: dict[str, str] | None
 ) -> tuple[Path, list[str], dict[str, str]]:
     """The model's folder, the names a request's ``model`` may give for it
@@ -156,7 +156,8 @@ def _write_files(
     if marker["records"]:
         records, job = work.download(RECORDS, tmp / "records.parquet"), work.uri(JOB_DIR)
     ctx = Context(marker["sha256"], marker["created"], marker["endpoint"])
-    return write_outputs(ctx, marker["format"], outcomes(records, bad, job), output_url, errors_url)
+    answered = outcomes(records, bad, job, split=marker["endpoint"] == EMBEDDINGS)
+    return write_outputs(ctx, marker["format"], answered, output_url, errors_url)
 
 
 def check_overrides(overrides: list[str]) -> None:

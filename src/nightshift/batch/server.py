@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import socket
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -92,6 +93,7 @@ def serve(settings: ServeSettings) -> None:
     import uvicorn
 
     check_exposure(settings.host, settings.api_key)
+    sock = bind(settings.host, settings.port)  # before the queue starts: a taken port
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -102,4 +104,22 @@ def serve(settings: ServeSettings) -> None:
         server_header=False,
         timeout_graceful_shutdown=10,
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the app starts: a port another server holds
+    is one message and exit 2, and never a second queue driving the same store."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(
+            f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "is another server running there? Stop it or pick another --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,7 +1,8 @@
 """``nightshift batch serve``: the self-hosted OpenAI and Anthropic batch APIs.
 
-A bad setting (a public host without a key, a bad ``--set``) prints one message and
-exits with code 2 before anything listens. SIGTERM or Ctrl-C shut it down gracefully
+A bad setting (a public host without a key, a missing model folder or adapter, a bad
+``--set``, a port another server holds) prints one message and exits with code 2
+before anything listens. SIGTERM or Ctrl-C shut it down gracefully
 (exit code 0): the running batch's job stops and resumes at the next start.
 """
 
@@ -71,7 +72,7 @@ def serve(
       NIGHTSHIFT_API_KEY=... nightshift batch serve --model ./qwen --store s3://bucket/b \
           --host 0.0.0.0 --public-url http://gpu-box:8000
     """
-    from nightshift.batch.execute import ServeSettings
+    from nightshift.batch.execute import ServeSettings, check_settings
     from nightshift.batch.http import check_public_url
     from nightshift.batch.server import check_exposure, serve
 
@@ -91,6 +92,7 @@ def serve(
         adapters=adapter_options(adapters or []),
         public_url=check_public_url(public_url) if public_url is not None else None,
     )
+    check_settings(settings)
     typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)
     try:
         with raising_signals():
