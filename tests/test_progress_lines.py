@@ -61,4 +61,4 @@ def test_jobs_run_writes_progress_lines_when_the_screen_is_a_log(
         app, ["jobs", "run", str(spec), "--set", "run.engine=fake", "--overwrite", "-q"]
     )
     assert quiet.exit_code == 0, quiet.output
-    assert "generate:" not in quiet.output + capfd.readouterr().err
+    assert "records (" not in quiet.output + capfd.readouterr().err
