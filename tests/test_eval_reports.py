@@ -184,3 +184,32 @@ def test_extract_scores_fields_against_a_json_reference(models, tmp_path, write_
     matches = sum(json.loads(t)["a"] == "v1" for t in answers["json"].to_list())
     assert q["valid_json_rate"] == 1.0 and q["records"]["answered"] == 8
     assert q["per_field"]["a"]["matches"] == matches == q["correct"]
+
+
+def test_a_struct_reference_scores_as_its_json_text(models, tmp_path, write_spec):
+    """A Parquet struct has every field in every row: a field a reference leaves out
+    reads back as null, and is absent, not a value the answer must match."""
+    import pyarrow as pa
+
+    rows = [
+        {"ticket_id": str(i), "subject": f"s{i}", "body": f"ticket {i}",
+         "text_ref": json.dumps({"a": a}), "struct_ref": {"a": a, "note": None}}
+        for i, a in enumerate("xyz" * 10)
+    ]  # fmt: skip
+    struct = pa.struct([("a", pa.string()), ("note", pa.string())])
+    schema = pa.schema([(k, pa.string()) for k in ("ticket_id", "subject", "body", "text_ref")])
+    input_path = write_records(
+        tmp_path / "in.parquet", rows, schema.append(pa.field("struct_ref", struct))
+    )
+    out = tmp_path / "out"
+    extract = {"type": "object", "properties": {"a": {"enum": ["x", "y", "z"]}}, "required": ["a"]}
+    run_job(models, input_path, out, write_spec, task={"kind": "extract", "schema": extract})
+    figures = {}
+    for column in ("text_ref", "struct_ref"):
+        result = invoke("jobs", "eval", str(out), "--labels", str(input_path), "--id-column",
+                        "ticket_id", "--reference-column", column, "--json")  # fmt: skip
+        figures[column] = json.loads(result.output)
+    text, struct_figures = figures["text_ref"], figures["struct_ref"]
+    assert 0 < text["exact_match_rate"] < 1  # some right, some wrong: a figure to keep
+    assert struct_figures["exact_match_rate"] == text["exact_match_rate"]
+    assert set(struct_figures["per_field"]) == {"a"}  # no phantom "note" field

@@ -61,13 +61,25 @@ def classification(truth: list[str], predicted: list[str], labels: list[str]) ->
 
 def parse_json(value: Any) -> tuple[bool, Any]:
     """(parsed, value): text is parsed as JSON, anything else (a struct read as a dict, a
-    number) is taken as it is; text that is not JSON gives (False, None)."""
+    number) is taken as it is, less its null fields; text that is not JSON gives
+    (False, None)."""
     if not isinstance(value, str):
-        return True, value
+        return True, _present(value)
     try:
         return True, json.loads(value)
     except json.JSONDecodeError:
         return False, None
+
+
+def _present(value: Any) -> Any:
+    """A Parquet struct without its null fields, at any depth: every row of a struct
+    column has every field, so a field a reference leaves out reads back as null. It is
+    absent, not a null value (JSON text can say either; a struct cannot)."""
+    if isinstance(value, dict):
+        return {k: _present(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_present(v) for v in value]
+    return value
 
 
 def extraction(answers: list[str], references: list[Any]) -> dict[str, Any]:
