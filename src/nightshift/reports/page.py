@@ -86,6 +86,8 @@ def tokens_section(report: dict[str, Any]) -> Section:
             percent(reuse["input_order_predicted"]),
             "of prompt tokens",
         )
+        if reuse.get("why_none"):  # a shared start shorter than one KV block
+            section.note += f" Why the prefix cache served so little: {reuse['why_none']}."
     return section
 
 

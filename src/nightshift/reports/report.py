@@ -26,6 +26,7 @@ from nightshift.reports.quality import quality_summary_lines
 from nightshift.reports.reasoning import reasoning_lines
 from nightshift.running.canary import summary_line
 from nightshift.running.totals import RunTotals
+from nightshift.scheduling.reuse import NONE_SHARE, reuse_note
 
 COST_FORMULA = (
     "usd_total = usd_per_gpu_hour x gpus x wall_hours (planning and start-up included); "
@@ -185,6 +186,8 @@ def prefix_reuse_section(planned: dict[str, Any], tokens: dict[str, int]) -> dic
         "block_size": planned["block_size"],
         "note": "share of prompt tokens served from the prefix cache; measured = "
         "tokens.prompt_cached / tokens.prompt",
+        "shared_start_tokens": planned.get("shared_start_tokens"),
+        "why_none": reuse_note(planned),  # a shared start shorter than one KV block
     }
 
 
@@ -234,8 +237,10 @@ def _shard_line(report: dict[str, Any]) -> list[str]:
 def _reuse_line(reuse: dict[str, Any] | None) -> list[str]:
     if not reuse:
         return []
+    why = reuse.get("why_none")
     return [
         f"prefix reuse: {reuse['measured']:.1%} of prompt tokens from cache "
         f"(plan predicted {reuse['predicted']:.1%}; "
-        f"input order {reuse['input_order_predicted']:.1%})"
+        f"input order {reuse['input_order_predicted']:.1%})",
+        *([f"  why so little: {why}"] if why and reuse["measured"] < NONE_SHARE else []),
     ]

@@ -14,6 +14,7 @@ from nightshift.scheduling.cachescope import sampled_output
 from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
 from nightshift.scheduling.dedup import distinct_records
 from nightshift.scheduling.plan import build_plan, describe, load_encoder
+from nightshift.scheduling.reuse import reuse_note
 
 
 def _measured_throughput(spec: JobSpec) -> float | None:
@@ -101,6 +102,7 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"{shards['prompt_tokens_max']:,} prompt tokens)",
         f"prefix reuse (share of prompt tokens served from cache, {reuse['block_size']}-token "
         f"blocks): planned order {reuse['predicted']:.1%}, input order {reuse['input_order']:.1%}",
+        *(f"  why so little: {why}" for why in [reuse_note(reuse)] if why),
     ]
     if "usd" in p:
         lines.append(

@@ -48,6 +48,7 @@ class RecordMeasurer:
         self.chunk = chunk_bytes(block_size)
         self.tail: TailEstimate | None = None
         self.exact_records = 0
+        self.shared_start_tokens = 0  # the longest start prompts share (scheduling.prefixes)
         # What every prompt starts with: the first prompt's pieces, and the smallest and
         # largest leading chunk of all (their common start is everyone's).
         self.first: list[str] | None = None

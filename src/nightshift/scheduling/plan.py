@@ -191,6 +191,7 @@ def build_plan(
         "input_order": reuse_share(input_order, runnable["tokens"]),
         "block_size": block,
         "cache_window_records": window,
+        "shared_start_tokens": measurer.shared_start_tokens,  # reuse.reuse_note: why none
     }
     rejects = keys.filter(pl.col("reject_kind").is_not_null())
     return Plan(

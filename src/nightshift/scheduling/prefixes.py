@@ -43,6 +43,7 @@ def shared_blocks(
     ends, firsts = _next_chunks(dataset, columns, measurer, runnable)
     chunk = measurer.chunk
     nodes, prefixes = [ROOT], [measurer.common_start()]
+    shared_by_many = [runnable.height > 1]  # the common start is shared by all of them
     for row in ends.iter_rows(named=True):
         # Members of a node share its blocks, so they are cut where all of them still
         # agree. A node's only member may share more with records that go deeper: its
@@ -53,9 +54,15 @@ def shared_blocks(
             shared = row["depth"] * chunk + common_length(row["lowest"], row["highest"])
         nodes.append(row["node"])
         prefixes.append(cut_pieces(firsts[row["node"]], shared))
+        shared_by_many.append(row["members"] > 1)
     encoder = measurer.encoder
     encoded = encoder.encode_pieces(
         [word_pieces(p) for p in prefixes] if encoder.composes else prefixes
+    )
+    # The longest start two or more prompts share, in tokens: under one KV block, the
+    # prefix cache (whole blocks only) reuses nothing, and the plan says why.
+    measurer.shared_start_tokens = max(
+        (len(ids) for ids, many in zip(encoded, shared_by_many, strict=True) if many), default=0
     )
     table = pl.DataFrame(
         {

@@ -45,3 +45,22 @@ def reuse_share(cached: pl.Series, tokens: pl.Series) -> float:
     """Cached prompt tokens as a share of all prompt tokens (0 for no tokens)."""
     total = int(tokens.sum())
     return int(cached.sum()) / total if total else 0.0
+
+
+NONE_SHARE = 0.005  # below this a prediction reads as 0.0%
+
+
+def reuse_note(reuse: dict) -> str | None:
+    """Why the prefix cache will serve (almost) nothing although prompts share a start:
+    the start is shorter than one KV block, and vLLM reuses whole blocks only. None when
+    reuse is predicted, or no start is shared (or an older plan did not measure it)."""
+    shared, block = reuse.get("shared_start_tokens") or 0, reuse.get("block_size") or 0
+    if reuse.get("predicted", 0.0) >= NONE_SHARE or not 0 < shared < block:
+        return None
+    return (
+        f"the prompts share at most their first {shared:,} tokens (the system prompt and "
+        f"chat frame), less than one {block:,}-token KV block, and the prefix cache reuses "
+        f"whole blocks only; to reuse them, put at least {block - shared:,} more tokens of "
+        "fixed text before each record's own (fuller instructions, examples), or run where "
+        "KV blocks are smaller (engine.block_size; 16 tokens on GPUs)"
+    )
