@@ -28,6 +28,15 @@ from nightshift.engines.processes import (
 from nightshift.engines.stall import StallWatch
 from nightshift.engines.vllm_outputs import ParamsCache, _result
 from nightshift.engines.vllm_peaks import PeakRecorder
+from nightshift.engines.vllm_start import (
+    READY_TIMEOUT,
+    EngineStartupTimeout,
+    engine_chose,
+    is_fp8_failure,
+    one_line,
+    platform_choices,
+    set_startup_timeout,
+)
 from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
 
 log = logging.getLogger(__name__)
@@ -113,7 +122,7 @@ class VllmEngine:
             kv_cache_tokens=blocks * cache.block_size,
             block_size=cache.block_size,
             prefix_caching=bool(cache.enable_prefix_caching),
-            settings={"num_gpu_blocks": blocks, **(notes or {})},
+            settings={"num_gpu_blocks": blocks, **(notes or {}), "chosen": engine_chose(llm)},
         )
         max_num_seqs = llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
         self.read_ahead = max(4 * max_num_seqs, 256)
@@ -137,28 +146,37 @@ class VllmEngine:
         cpu_kv_cache_gib: int,
         stall_s: float | None = None,
         adapters: dict[str, str] | None = None,
+        startup_timeout_s: float | None = None,
     ) -> VllmEngine:
-        """Start ``vllm.LLM(**args)``; without FP8 KV where this machine cannot hold it.
+        """Start ``vllm.LLM(**args)``; without FP8 KV where this machine cannot hold it,
+        with what the platform needs that the spec left unset (``engines.vllm_start``).
 
         The fallback is never silent: it is logged and kept in ``info.settings``, so it
-        reaches every report.
+        reaches every report. It follows a failed start only when vLLM's error names the
+        FP8 KV cache as the cause; any other failure is the job's error.
         """
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
             # The CPU build sizes its KV cache from this variable, in whole GiB.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        if startup_timeout_s is not None:
+            set_startup_timeout(startup_timeout_s)
+        args = dict(args)
+        chosen = platform_choices(args)  # on a CPU: float32 without bf16 units, eager
+        base = {"platform_choices": chosen} if chosen else {}
         requested = args["kv_cache_dtype"]
         reason = fp8_kv_unsupported_reason() if "fp8" in requested else None
         if reason is None:
             try:
-                return cls(_start_llm(args), stall_s=stall_s, adapters=adapters)
+                return cls(_start_llm(args), base or None, stall_s, adapters)
             except EngineError as exc:
-                if "fp8" not in requested or start_was_killed():  # killed: no second start
+                killed = start_was_killed()  # abandoned: no second start
+                if "fp8" not in requested or killed or not is_fp8_failure(exc):
                     raise
                 reason = f"vLLM did not start with an FP8 KV cache ({exc})"
         log.warning("engine.kv_cache_dtype %s falls back to auto: %s", requested, reason)
-        notes = {"kv_cache_dtype_requested": requested, "kv_cache_fallback": reason}
+        notes = {**base, "kv_cache_dtype_requested": requested, "kv_cache_fallback": reason}
         return cls(_start_llm({**args, "kv_cache_dtype": "auto"}), notes, stall_s, adapters)
 
     def run(self, requests: Iterable[EngineRequest], sampling: Sampling) -> Iterator[EngineResult]:
@@ -370,7 +388,15 @@ def _start_llm(args: dict[str, Any]) -> Any:
     engine_cores_die_with_this_process()  # no EngineCore outlives a CLI killed alone
     try:
         return LLM(**args)
-    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+    except TimeoutError as exc:  # an OSError: vLLM's engine-ready wait ran out
+        if start_was_killed():
+            raise EngineFatalError("the vLLM engine was killed while it started") from exc
+        raise EngineStartupTimeout(
+            f"the vLLM engine was not ready within {os.environ.get(READY_TIMEOUT, 600)} s "
+            "(weights, compilation, CUDA graphs): raise run.startup_timeout_s, or set "
+            "enforce_eager: true under engine.extra for a shorter start"
+        ) from exc
+    except (ValueError, TypeError, RuntimeError, NotImplementedError, OSError) as exc:
         if start_was_killed():  # abandoned by a stop: its cores were killed on purpose
             raise EngineFatalError("the vLLM engine was killed while it started") from exc
-        raise EngineError(f"vLLM could not start: {exc}") from exc
+        raise EngineError(f"vLLM could not start: {one_line(exc)}") from exc

@@ -113,6 +113,14 @@ class RunSpec(_Section):
         "its shards continue on a fresh engine (an attempt). A healthy engine generates "
         "tokens every step (well under a second); keep it far above your slowest step.",
     )
+    startup_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="The longest an engine may take to start (weights, memory profiling, "
+        "compilation, CUDA-graph capture: minutes for a large model or a first start on a "
+        "fresh machine) before the run fails with an error saying so. Sets vLLM's "
+        "VLLM_ENGINE_READY_TIMEOUT_S (its own default: 600 s).",
+    )
     overlap_startup: bool = Field(
         default=True,
         description="Start the engine while the plan is built, so its start-up hides the "

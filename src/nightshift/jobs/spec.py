@@ -179,9 +179,20 @@ class EngineSpec(_Section):
     enable_prefix_caching: bool = Field(
         default=True, description="Reuse the KV cache of prompt prefixes shared across records."
     )
-    max_num_seqs: int = Field(default=256, gt=0, description="Most sequences in one engine pass.")
-    max_num_batched_tokens: int = Field(
-        default=8192, gt=0, description="Most tokens scheduled in one engine pass."
+    # Unset: the engine's own choice for the hardware (jobs.platform), which the report
+    # states; vLLM picks 1024 and 16384 on an H100/H200, 256 and 4096 on a CPU.
+    max_num_seqs: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most sequences in one engine pass. Unset: the engine's own default for "
+        "the hardware (vLLM: 1024 on GPUs of 70 GiB or more, 256 on smaller ones and CPUs).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most tokens scheduled in one engine pass. Unset: the engine's own "
+        "default for the hardware (vLLM: 16384 on GPUs of 70 GiB or more, 8192 on smaller "
+        "ones, 4096 on CPUs).",
     )
     gpu_memory_utilization: float = Field(
         default=0.9,
@@ -213,7 +224,9 @@ class EngineSpec(_Section):
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="Any other vllm.LLM engine argument, passed through unchanged "
-        "(for example enforce_eager, num_gpu_blocks_override).",
+        "(for example enforce_eager, num_gpu_blocks_override). Unset enforce_eager: "
+        "true on a CPU (compiling costs more start-up than it saves), the engine's "
+        "default (CUDA graphs) on a GPU.",
     )
 
     @field_validator("extra")

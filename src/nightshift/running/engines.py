@@ -5,6 +5,7 @@ across shards, rebuilt after a crash. The only place that maps the spec to an en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -16,6 +17,7 @@ from nightshift.engines.base import Engine, EngineInfo, EngineStats
 from nightshift.engines.processes import StartingProcesses, engine_start_processes
 from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineFatalError, RunStoppedError
+from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.lora import adapter_folders, lora_arguments
 from nightshift.running.placement import placement_entry, start_placed
@@ -61,8 +63,6 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
         "trust_remote_code": m.trust_remote_code,
         "kv_cache_dtype": e.kv_cache_dtype,
         "enable_prefix_caching": e.enable_prefix_caching,
-        "max_num_seqs": e.max_num_seqs,
-        "max_num_batched_tokens": e.max_num_batched_tokens,
         "gpu_memory_utilization": e.gpu_memory_utilization,
         "tensor_parallel_size": e.tensor_parallel_size,
         "disable_log_stats": False,  # get_metrics() needs the stat loggers
@@ -71,8 +71,11 @@ def engine_arguments(spec: JobSpec) -> dict[str, Any]:
         # and a small model can otherwise spend its whole budget on it.
         "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
     }
-    if e.block_size is not None:
-        args["block_size"] = e.block_size
+    # Unset batch limits and block size are the engine's own choice for the hardware
+    # (jobs.platform): vLLM's on an H100 are four times the CPU's.
+    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if getattr(e, key) is not None:
+            args[key] = getattr(e, key)
     if m.reasoning:  # vLLM caps the thinking and guides only the answer after it
         args["reasoning_parser"] = m.reasoning
     args.update(lora_arguments(spec))
@@ -93,6 +96,7 @@ def start_vllm(spec: JobSpec) -> VllmEngine:
         spec.engine.cpu_kv_cache_gib,
         stall_s=spec.run.stall_s,
         adapters=adapter_folders(spec),
+        startup_timeout_s=spec.run.startup_timeout_s,
     )
 
 
@@ -102,7 +106,12 @@ def _fake(spec: JobSpec) -> Engine:
 
     e = spec.engine
     size = embedding_dimension(spec) if spec.task.kind == "embed" else 64
-    return FakeEngine.from_environment(e.block_size or 16, e.kv_cache_dtype, e.max_num_seqs, size)
+    seqs, tokens = batch_limits(e)
+    engine = FakeEngine.from_environment(e.block_size or 16, e.kv_cache_dtype, seqs, size)
+    chosen = {"dtype": spec.model.dtype, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+    settings = {**engine.info.settings, "chosen": chosen}  # as vLLM's report (vllm_engine)
+    engine.info = dataclasses.replace(engine.info, settings=settings)
+    return engine
 
 
 ENGINES: dict[str, Callable[[JobSpec], Engine]] = {"vllm": start_vllm, "fake": _fake}

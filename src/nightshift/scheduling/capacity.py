@@ -27,6 +27,7 @@ from nightshift.capacity.roofline import ARITHMETIC, BANDWIDTH, Hardware, hardwa
 from nightshift.capacity.shape import ModelShape, kv_width, local_config, model_shape
 from nightshift.engines.tokenizer import model_source
 from nightshift.errors import SpecError
+from nightshift.jobs.platform import batch_limits, device_class
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget
 
@@ -89,9 +90,9 @@ class Planner:
     @property
     def settings(self) -> EngineSettings:
         e = self.spec.engine
-        return EngineSettings(
-            e.kv_cache_dtype, e.max_num_seqs, e.max_num_batched_tokens, e.gpu_memory_utilization
-        )
+        # unset limits: the engine's default on the target GPU (1024 on an H100/H200)
+        seqs, tokens = batch_limits(e, device_class(self.gpu.memory_gib, self.gpu_name))
+        return EngineSettings(e.kv_cache_dtype, seqs, tokens, e.gpu_memory_utilization)
 
     def kv_width(self, kv_cache_dtype: str) -> int:
         return kv_width(kv_cache_dtype, self.config, self.spec.model.dtype)

@@ -31,6 +31,7 @@ from nightshift.io.inputs import (
 )
 from nightshift.io.planstore import POSITION
 from nightshift.jobs.columns import check_column_types
+from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
 from nightshift.scheduling.dedup import (
@@ -280,7 +281,8 @@ def _cache_window(spec: JobSpec, runnable: pl.DataFrame) -> int:
     capacity = kv_cache_tokens(spec)
     mean = runnable["tokens"].mean() if runnable.height else None
     if capacity is None or not mean:
-        return spec.engine.max_num_seqs  # at least the running batch stays resident
+        # at least the running batch stays resident (no CPU figure: a GPU host's batch)
+        return batch_limits(spec.engine, "large-gpu")[0]
     return max(1, int(capacity // mean))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 
 KV_FULL = 0.95  # a peak KV-cache usage this high: the cache is what holds the batch back
@@ -28,6 +29,9 @@ NO_GPU = "the capacity planner knows GPUs only; this machine has none (--gpu pre
 def measured_limit(report: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
     """The limit that bound the run, and the counters that say so."""
     c = (report.get("engine") or {}).get("counters") or {}
+    # the limits the engine ran with: its report's (its own choice when the spec set none)
+    chosen = ((report.get("engine") or {}).get("settings") or {}).get("chosen") or {}
+    limits = batch_limits(spec.engine)
     steps = c.get("engine_steps") or 0
     engine_tokens = (c.get("prompt_tokens") or 0) - (c.get("prompt_tokens_cached") or 0)
     engine_tokens += c.get("output_tokens") or 0
@@ -37,10 +41,10 @@ def measured_limit(report: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         "kv_cache_peak": c.get("peak_kv_cache_usage"),
         "preemptions": c.get("preemptions", 0),
         "batch_reached": c.get("peak_running"),
-        "max_num_seqs": spec.engine.max_num_seqs,
+        "max_num_seqs": chosen.get("max_num_seqs") or limits[0],
         "waiting_peak": c.get("peak_waiting"),
         "tokens_per_step": round(per_step, 1) if per_step is not None else None,
-        "max_num_batched_tokens": spec.engine.max_num_batched_tokens,
+        "max_num_batched_tokens": chosen.get("max_num_batched_tokens") or limits[1],
         "prefill_share": round(prefill / (prefill + decode), 3) if prefill + decode else None,
     }
     return {"bound_by": _binding(facts), **facts}

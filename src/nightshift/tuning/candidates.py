@@ -15,6 +15,7 @@ from typing import Any
 
 from nightshift.errors import SpecError
 from nightshift.jobs.loading import override_value, set_key
+from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.reference import SPECULATION, reference_sets
 from nightshift.jobs.spec import JobSpec
 
@@ -50,10 +51,11 @@ def default_candidates(spec: JobSpec) -> list[Candidate]:
     """One lever each: half and double the batch limits, FP8 KV where the job has none
     (or none where it has it), and n-gram speculation where answers are long."""
     e = spec.engine
+    seqs, tokens = batch_limits(e)  # unset: the engine's default on this host
     found = []
     for key, now, low in (
-        ("engine.max_num_seqs", e.max_num_seqs, 1),
-        ("engine.max_num_batched_tokens", e.max_num_batched_tokens, 256),
+        ("engine.max_num_seqs", seqs, 1),
+        ("engine.max_num_batched_tokens", tokens, 256),
     ):
         for value in (max(low, now // 2), now * 2):
             if value != now:
