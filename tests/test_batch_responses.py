@@ -49,7 +49,6 @@ def test_responses_lines_answer_as_response_objects(models, tmp_path):
     refused = {
         "tools": {"input": "x", "tools": [{"type": "function", "name": "f"}]},
         "previous_response_id": {"input": "x", "previous_response_id": "resp_1"},
-        "reasoning": {"input": "x", "reasoning": {"effort": "high"}},
         "background": {"input": "x", "background": True},
         "stream": {"input": "x", "stream": True},
         "input[0]": {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},

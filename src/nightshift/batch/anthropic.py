@@ -3,8 +3,9 @@ messages, system, temperature, top_p, top_k, stop_sequences, ...}}``.
 
 ``system`` (a string or text blocks) becomes the conversation's first, system turn;
 content is a string or text blocks (joined; ``cache_control`` is accepted and means
-nothing here: the prefix cache serves shared prefixes anyway). Tools, images, documents,
-thinking, ``stream: true`` and a final assistant turn (a prefill: nightshift
+nothing here: the prefix cache serves shared prefixes anyway). ``thinking`` sets a
+reasoning model's budget (``batch.reasoning``). Tools, images, documents,
+``stream: true`` and a final assistant turn (a prefill: nightshift
 answers in a new turn, never continues one) are bad lines naming the parameter.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightshift.batch.reasoning import anthropic_thinking
 from nightshift.batch.records import BadRequest, Request, validated
 
 IGNORED = {"metadata", "service_tier"}
@@ -53,6 +55,7 @@ class Params(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool | None = None
+    thinking: dict[str, Any] | None = None  # a reasoning model's budget (batch.reasoning)
 
 
 class BatchLine(BaseModel):
@@ -102,6 +105,7 @@ class AnthropicParser:
             "top_k": params.top_k,
             "stop": params.stop_sequences or None,
         }
+        sampling |= anthropic_thinking(params.thinking, params.max_tokens)
         return Request(model=params.model, sampling=sampling, messages=turns)
 
 

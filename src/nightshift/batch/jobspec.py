@@ -10,6 +10,7 @@ from typing import Any
 
 from nightshift.batch.openai import EMBEDDINGS
 from nightshift.batch.records import ADAPTER_COLUMN, ID_COLUMN, SAMPLING_COLUMN
+from nightshift.engines.reasoning import detect_parser
 from nightshift.io.objectstore import ObjectStore
 from nightshift.jobs.loading import apply_override, validate_spec
 
@@ -47,6 +48,9 @@ def job_spec(work: ObjectStore, marker: dict, model: Path, overrides: list[str])
     }
     if marker["endpoint"] == EMBEDDINGS:
         _as_embeddings(spec, marker)
+    parser = detect_parser(model) if marker["endpoint"] != EMBEDDINGS else None
+    if parser:  # a reasoning model: its thinking apart, its lines' budgets honoured
+        spec["model"]["reasoning"] = parser
     if marker.get("adapters"):  # a request's model names its adapter, as vLLM's server does
         spec["model"]["adapters"] = marker["adapters"]
         spec["input"]["adapter_column"] = ADAPTER_COLUMN

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightshift.batch.reasoning import effort_budget
 from nightshift.batch.records import INPUT_MARK, BadRequest, Request, validated
 from nightshift.batch.responses import responses_request
 
@@ -88,6 +89,7 @@ class ChatBody(_Body):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    reasoning_effort: str | None = None  # a reasoning model's budget (batch.reasoning)
 
 
 class CompletionBody(_Body):
@@ -225,7 +227,9 @@ def _chat(data: dict[str, Any]) -> Request:
     _refuse_unsupported(body)
     if body.top_logprobs and not body.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-    sampling = _common(body, body.max_completion_tokens or body.max_tokens)
+    limit = body.max_completion_tokens or body.max_tokens
+    sampling = _common(body, limit)
+    sampling |= effort_budget(body.reasoning_effort, limit, "reasoning_effort")
     sampling |= _response_format(body.response_format)
     if body.logprobs:
         sampling |= {"logprobs": True, "top_logprobs": body.top_logprobs or 0}

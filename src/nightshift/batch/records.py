@@ -67,6 +67,7 @@ SAMPLING_KEYS = (
     "json_object",
     "logprobs",
     "top_logprobs",
+    "reasoning_budget",
 )
 # The deepest a request line may nest: real requests (a JSON schema in response_format
 # included) stay far below, and every later stage (pydantic, json.dumps of the sampling,

@@ -5,8 +5,10 @@
 messages; ``max_output_tokens``, ``temperature``, ``top_p`` and ``text.format``
 (``json_schema``, ``json_object``) its sampling. What the answer's ``response`` object
 repeats of the request (instructions, metadata, the settings) travels in the records'
-echo column. What nightshift cannot honour (tools, ``previous_response_id``, reasoning,
-``background``, streaming, images, files...) is a bad line naming the parameter.
+echo column. ``reasoning.effort`` bounds a reasoning model's thinking (``batch.reasoning``;
+no summaries: the reasoning item holds the whole thinking). What nightshift cannot honour
+(tools, ``previous_response_id``, ``background``, streaming, images, files...) is a bad
+line naming the parameter.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nightshift.batch.reasoning import effort_budget
 from nightshift.batch.records import BadRequest, Request, validated
 
 # Accepted and without effect on the answer (a stateless batch keeps nothing).
@@ -26,7 +29,6 @@ WHY_NOT = {
     "tool_choice": "no tools: nightshift generates text",
     "previous_response_id": "a batch is stateless: put the conversation in input",
     "conversation": "a batch is stateless: put the conversation in input",
-    "reasoning": "no reasoning settings: the model answers as it is",
     "background": "a batch line runs in its batch",
     "stream": "a batch is not streamed",
     "prompt": "no stored prompts: send the text in input and instructions",
@@ -50,6 +52,15 @@ class TextConfig(BaseModel):
     verbosity: Literal["medium"] | None = None
 
 
+class Reasoning(BaseModel):
+    """``reasoning``: its effort becomes the thinking budget; no summary is written."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto"] | None = None  # auto: none is the provider's choice too
+
+
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
@@ -61,6 +72,7 @@ class ResponsesBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
+    reasoning: Reasoning | None = None  # a reasoning model's budget (batch.reasoning)
 
 
 def responses_request(data: dict[str, Any]) -> Request:
@@ -78,6 +90,8 @@ def responses_request(data: dict[str, Any]) -> Request:
         "top_p": body.top_p,
         **_format(fmt),
     }
+    effort = body.reasoning.effort if body.reasoning else None
+    sampling |= effort_budget(effort, body.max_output_tokens, "reasoning.effort")
     echo = {
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
@@ -85,6 +99,7 @@ def responses_request(data: dict[str, Any]) -> Request:
         "top_p": body.top_p,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
         "metadata": body.metadata or {},
+        "reasoning": {"effort": effort, "summary": None},
     }
     return Request(model=body.model, sampling=sampling, messages=turns, echo=echo)
 

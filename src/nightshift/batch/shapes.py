@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nightshift.batch.openai import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from nightshift.batch.reasoning import (
+    chat_message_reasoning,
+    response_reasoning_items,
+    thinking_blocks,
+)
 from nightshift.batch.results import Answer, choices, request_ids
 
 # What OpenAI writes for a text model: nothing spent on reasoning, audio or predictions.
@@ -79,7 +84,7 @@ def _openai_body(
                 "cached_tokens": row["cached_tokens"] or 0,
                 "audio_tokens": 0,
             },
-            "completion_tokens_details": dict(COMPLETION_DETAILS),
+            "completion_tokens_details": _thought(row),
         },
         "system_fingerprint": None,
     }
@@ -122,10 +127,13 @@ def _response_body(
         "instructions": echo.get("instructions"),
         "max_output_tokens": echo.get("max_output_tokens"),
         "model": model,
-        "output": [_response_message(digest, first["text"], cut)],
+        "output": [
+            *response_reasoning_items(digest, first),
+            _response_message(digest, first["text"], cut),
+        ],
         "parallel_tool_calls": True,
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": echo.get("reasoning") or {"effort": None, "summary": None},
         "store": False,
         "temperature": _or(echo.get("temperature"), 1.0),
         "text": echo.get("text") or {"format": {"type": "text"}},
@@ -157,9 +165,14 @@ def _response_usage(row: dict[str, Any]) -> dict[str, Any]:
         # no cache writes are billed apart here: vLLM's prefix cache just keeps blocks
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": row.get("reasoning_tokens") or 0},
         "total_tokens": prompt + output,
     }
+
+
+def _thought(row: dict[str, Any]) -> dict[str, int]:
+    """``completion_tokens_details``: a reasoning model's thinking tokens, none else."""
+    return COMPLETION_DETAILS | {"reasoning_tokens": row.get("reasoning_tokens") or 0}
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -190,6 +203,7 @@ def _chat_choice(index: int, choice: dict[str, Any]) -> dict[str, Any]:
         ]
         logprobs = {"content": content, "refusal": None}
     message = {"role": "assistant", "content": choice["text"], "refusal": None, "annotations": []}
+    message |= chat_message_reasoning(choice)  # a reasoning model's thinking, apart
     return {
         "index": index,
         "message": message,
@@ -259,7 +273,7 @@ def _anthropic_message(digest: str, model: str | None, row: dict[str, Any]) -> d
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": first["text"]}],
+        "content": [*thinking_blocks(first), {"type": "text", "text": first["text"]}],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
         "usage": {

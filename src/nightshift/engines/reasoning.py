@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from nightshift.errors import SpecError
 
@@ -142,3 +143,18 @@ def thinking_off(tokenizer) -> dict[str, bool]:
     of 0 closes the thinking at its first token instead."""
     template = getattr(tokenizer, "chat_template", None) or ""
     return {"enable_thinking": False} if "enable_thinking" in str(template) else {}
+
+
+def detect_parser(model: Path) -> str | None:
+    """``deepseek_r1`` for a model folder whose tokenizer has ``<think>`` and ``</think>``
+    as tokens of their own (DeepSeek-R1 distills, Qwen3, the demo's reasoning variant),
+    else None: a batch (which has no spec to name it) splits such a model's thinking
+    from its answers as vLLM's server would with that parser."""
+    import json
+
+    try:
+        data = json.loads((Path(model) / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    added = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict)}
+    return "deepseek_r1" if set(KNOWN["deepseek_r1"]) <= added else None
