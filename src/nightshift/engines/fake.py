@@ -34,10 +34,17 @@ from nightshift.engines.base import (
 )
 from nightshift.errors import EngineFatalError, EngineStalledError
 
+_BITS_64 = 2**64 - 1
+
 
 def _digest(token_ids: Sequence[int]) -> int:
-    raw = ",".join(map(str, token_ids)).encode()
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+    return _text_digest(",".join(map(str, token_ids)))
+
+
+def _text_digest(text: str) -> int:
+    """``_digest`` of the ids ``text`` joins: a prompt joined once serves every digest
+    made from it (the join, not the hash, is what costs)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 def prompt_digest(token_ids: Sequence[int]) -> str:
@@ -46,10 +53,11 @@ def prompt_digest(token_ids: Sequence[int]) -> str:
     return f"{_digest(list(token_ids)):016x}"
 
 
-def _scores(ids: list[int], tokens: tuple[int, ...]) -> tuple[float, ...]:
-    """Made-up log probabilities of ``tokens`` after the prompt ``ids``: fixed per prompt
-    and token, between -10.5 and -0.5."""
-    return tuple(-0.5 - (_digest([*ids, -1, t]) % 10_000) / 1_000 for t in tokens)
+def _scores(joined: str, tokens: tuple[int, ...]) -> tuple[float, ...]:
+    """Made-up log probabilities of ``tokens`` after the prompt whose ids ``joined``
+    joins: fixed per prompt and token, between -10.5 and -0.5."""
+    head = f"{joined}," if joined else ""
+    return tuple(-0.5 - (_text_digest(f"{head}-1,{t}") % 10_000) / 1_000 for t in tokens)
 
 
 def example_json(schema: dict[str, Any], seed: int) -> Any:
@@ -77,6 +85,15 @@ def _logprob(token: str, seed: int, top: int) -> TokenLogprob:
     others = [TokenLogprob(f"t{seed % 89 + m}", logprob - m, tuple(b"t")) for m in range(1, top)]
     mine = TokenLogprob(token, logprob, tuple(token.encode()))
     return replace(mine, top_logprobs=(mine, *others)[:top])
+
+
+def _fast_vector(seed: int, size: int, normalize: bool) -> list[float]:
+    import numpy as np
+
+    vector = np.random.default_rng(seed).uniform(-1.0, 1.0, size)
+    if normalize:
+        vector /= np.linalg.norm(vector) or 1.0
+    return vector.tolist()
 
 
 def fp8_changes() -> float:
@@ -110,7 +127,10 @@ class FakeEngine:
     its stall watch (vLLM's, ``StallWatch``) ends the hang as ``EngineStalledError``
     (the "fresh engine" after it works). ``seconds_per_record``
     slows it down and ``log`` (a file path) gets one line per generated request (its
-    ``prompt_digest``), for the kill tests.
+    ``prompt_digest``), for the kill tests. ``fast`` makes its answers from Python's
+    hash of the prompt's ids (fixed across runs too, but other answers than the default
+    path's), so it costs a few microseconds a record: what a benchmark of nightshift's
+    own cost subtracts must be small beside it.
 
     Results come back out of order (each window of ``window`` requests reversed), as a
     real engine's do, so callers must match them by key.
@@ -126,7 +146,8 @@ class FakeEngine:
     ) -> FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
         (the kill tests run jobs in subprocesses and can reach it no other way).
-        NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes. Its
+        NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes;
+        NIGHTSHIFT_FAKE_FAST=1: the fast path (``fast``, for benchmarks). Its
         batch (window) is at most 8 and at most ``max_num_seqs``, as vLLM's is capped."""
         env = os.environ
         if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
@@ -140,6 +161,7 @@ class FakeEngine:
             kv_cache_dtype=kv_cache_dtype,
             fp8_changes=fp8_changes(),
             embedding_size=embedding_size,
+            fast=env.get("NIGHTSHIFT_FAKE_FAST", "") not in ("", "0"),
         )
 
     def __init__(
@@ -158,6 +180,7 @@ class FakeEngine:
         kv_cache_dtype: str = "fp8",
         fp8_changes: float = 0.0,
         embedding_size: int = 64,
+        fast: bool = False,
     ) -> None:
         self.info = EngineInfo(
             name="fake",
@@ -185,6 +208,7 @@ class FakeEngine:
         # an FP8 KV cache's rounding: this share of prompts (fixed ones) answer otherwise
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
         self.embedding_size = embedding_size  # a pooling request's vector length
+        self._fast = fast  # a few µs a record: benchmarks tell nightshift's cost from its
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -283,7 +307,8 @@ class FakeEngine:
         # One draw per request, the choice's index on top: a request's n samples always
         # differ from each other (a draw per choice could repeat one, about 1 run in 700).
         draw = sampling.seed if sampling.seed is not None else self._rng.getrandbits(48)
-        choices = tuple(self._choice(ids, sampling, draw + i) for i in range(sampling.n))
+        digest, joined = self._prompt_digest(ids)
+        choices = tuple(self._choice(ids, sampling, draw + i, digest) for i in range(sampling.n))
         out = sum(c.output_tokens for c in choices)
         s = self._stats
         s.prompt_tokens += len(request.token_ids)
@@ -302,19 +327,39 @@ class FakeEngine:
             out,
             cached,
             choices=choices,
-            scores=_scores(ids, sampling.score_tokens) if sampling.score_tokens else None,
+            scores=self._scores(digest, joined, sampling.score_tokens),
             reasoning=first.reasoning,  # a reasoning model's thinking (fake_reasoning)
             reasoning_tokens=sum(c.reasoning_tokens for c in choices),
             reasoning_unfinished=first.reasoning_unfinished,
         )
 
+    def _prompt_digest(self, ids: list[int]) -> tuple[int, str]:
+        """The prompt's digest, and its ids joined (its scores are made from them). The
+        fast path (``fast``) hashes the ids as a tuple instead: other answers, as fixed,
+        for about a microsecond where the join costs tens."""
+        if self._fast:
+            return hash(tuple(ids)) & _BITS_64, ""
+        joined = ",".join(map(str, ids))
+        return _text_digest(joined), joined
+
+    def _scores(self, digest: int, joined: str, tokens: tuple[int, ...]) -> tuple | None:
+        if not tokens:
+            return None
+        if self._fast:
+            return tuple(-0.5 - (hash((digest, -1, t)) % 10_000) / 1_000 for t in tokens)
+        return _scores(joined, tokens)
+
     def _embedding(self, key: int, ids: list[int], cached: int, pooling: Pooling) -> EngineResult:
         """A vector made from the prompt alone (the same prompt, the same vector)."""
-        rng = random.Random(_digest(ids))
-        vector = [rng.uniform(-1, 1) for _ in range(pooling.dimensions or self.embedding_size)]
-        if pooling.normalize:
-            norm = math.sqrt(sum(x * x for x in vector)) or 1.0
-            vector = [x / norm for x in vector]
+        size = pooling.dimensions or self.embedding_size
+        if self._fast:  # numpy draws the vector at once: ~40x cheaper than Python's draws
+            vector = _fast_vector(self._prompt_digest(ids)[0], size, pooling.normalize)
+        else:
+            rng = random.Random(_digest(ids))
+            vector = [rng.uniform(-1, 1) for _ in range(size)]
+            if pooling.normalize:
+                norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+                vector = [x / norm for x in vector]
         s = self._stats
         s.prompt_tokens += len(ids)
         s.prompt_tokens_cached += cached
@@ -323,16 +368,20 @@ class FakeEngine:
         s.prefill_seconds += len(ids) * 1e-6
         return EngineResult(key, "", "stop", len(ids), 0, cached, embedding=tuple(vector))
 
-    def _choice(self, ids: list[int], sampling: Sampling, draw: int) -> Choice:
+    def _choice(
+        self, ids: list[int], sampling: Sampling, draw: int, digest: int | None = None
+    ) -> Choice:
         """One answer to a prompt, from the request's ``draw`` (its seed, or a fresh random
         number, plus the choice's index): cut at the first stop string it holds (as vLLM's
         ``stop``), with made-up logprobs when asked. Choices differ only when sampled;
-        with a seed a sample repeats, without one it does not."""
+        with a seed a sample repeats, without one it does not. ``digest``: the prompt's
+        ``_digest``, when the caller has it."""
         if sampling.reasoning:  # a reasoning model: its thinking first, then this answer
             from nightshift.engines.fake_reasoning import think_then_answer
 
             return think_then_answer(self._choice, ids, sampling, draw)
-        seed = _digest(ids) + (draw if sampling.temperature > 0 else 0)
+        digest = _digest(ids) if digest is None else digest
+        seed = digest + (draw if sampling.temperature > 0 else 0)
         text, finish = self._answer(seed, sampling)
         found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
         stop_sequence = None
@@ -348,11 +397,13 @@ class FakeEngine:
         return Choice(text, finish, tokens, stop_sequence, logprobs)
 
     def _cache(self, ids: list[int]) -> int:
-        """Tokens served from cache: whole leading blocks seen before (never the last token)."""
+        """Tokens served from cache: whole leading blocks seen before (never the last token).
+        A block's key chains its tokens onto the key of the blocks before it, as vLLM's
+        block hashes do: one cheap hash a block (these keys never leave the process)."""
         size = self.info.block_size
-        cached, hit = 0, True
+        cached, hit, key = 0, True, 0
         for end in range(size, len(ids), size):
-            key = _digest(ids[:end])
+            key = hash((key, *ids[end - size : end]))
             if hit and key in self._blocks:
                 cached = end
             else:

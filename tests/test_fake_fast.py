@@ -1,0 +1,60 @@
+"""The fake engine's fast path (NIGHTSHIFT_FAKE_FAST, for benchmarks of nightshift's own
+cost): fixed answers made cheaply, the same prefix-cache counts as the default path, and a
+default path whose answers the speed-up left as they were."""
+
+from __future__ import annotations
+
+import math
+
+from nightshift.engines.base import EngineRequest, Pooling, Sampling
+from nightshift.engines.fake import FakeEngine
+
+PREFIX = list(range(100, 148))  # three blocks of 16 every prompt shares
+PROMPTS = [PREFIX + [1000 + i, 2000 + i, 3000 + i * 7] for i in range(12)]
+SCORED = Sampling(1, 0.0, score_tokens=(11, 22, 33))
+
+
+def answers(engine: FakeEngine, sampling: Sampling) -> list:
+    requests = [EngineRequest(k, ids) for k, ids in enumerate(PROMPTS)]
+    return sorted(engine.run(requests, sampling), key=lambda r: r.key)
+
+
+def test_the_fast_path_is_chosen_by_the_environment_and_answers_as_fixed(monkeypatch):
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "1")
+    first = answers(FakeEngine.from_environment(), SCORED)
+    again = answers(FakeEngine.from_environment(), SCORED)
+    slow = answers(FakeEngine(), SCORED)
+    assert [r.scores for r in first] == [r.scores for r in again]
+    assert [r.scores for r in first] != [r.scores for r in slow]  # its own answers
+    assert all(len(r.scores) == 3 and all(-10.5 <= s <= -0.5 for s in r.scores) for r in first)
+    # the prefix cache is simulated alike: the shared blocks come from cache after the first
+    assert [r.cached_tokens for r in first] == [r.cached_tokens for r in slow]
+    assert [r.cached_tokens for r in first] == [0] + [48] * 11
+
+
+def test_the_default_path_answers_as_before_the_speed_up():
+    """Scores, text and seed come from the blake2b digest of the ids joined by commas,
+    as they always did (outputs written before stay reproducible)."""
+    import hashlib
+
+    def digest(ids):
+        raw = ",".join(map(str, ids)).encode()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+
+    result = answers(FakeEngine(), SCORED)[3]
+    ids = PROMPTS[3]
+    assert result.scores == tuple(
+        -0.5 - (digest([*ids, -1, t]) % 10_000) / 1_000 for t in (11, 22, 33)
+    )
+    plain = answers(FakeEngine(), Sampling(4, 0.0))[3]
+    seed = digest(ids)
+    assert plain.text == " ".join(f"w{(seed >> (i % 48)) % 1000}" for i in range(4))
+
+
+def test_fast_embeddings_are_fixed_per_prompt_and_normalized():
+    engine = FakeEngine(fast=True, embedding_size=32)
+    vectors = [r.embedding for r in answers(engine, Sampling(1, pooling=Pooling(True)))]
+    again = [r.embedding for r in answers(FakeEngine(fast=True, embedding_size=32),
+                                          Sampling(1, pooling=Pooling(True)))]  # fmt: skip
+    assert vectors == again and len(set(vectors)) == len(PROMPTS)
+    assert all(len(v) == 32 and math.isclose(sum(x * x for x in v), 1.0) for v in vectors)
