@@ -5,11 +5,15 @@ candidate, each its own engine, on a sample of the job's own records), then the 
 with ``nightshift jobs run`` (canary off, so its generation time is the job's alone), and
 writes tune.json's figures with:
 
-* ``chosen``: the setting tune picks, its speed-up over the job as it is and its agreement
-  with the reference answers;
-* ``sample_cost``: each candidate's generation seconds on the sample against the full
-  job's, as a share (the goal: at most 10%), and the whole tune's wall time against the
-  full run's.
+* ``chosen``: the setting tune picks and why (the job's own unless a candidate beats it
+  beyond the rounds' spread), its predicted speed-up over the job and its agreement with
+  the reference answers with the 95% interval;
+* ``candidates``: per candidate, whether its rounds could show its batch limits
+  (``measurable``), each round's tokens/s and their spread, agreement and its interval,
+  the flips against the reference (right to wrong, wrong to right);
+* ``sample_cost``: each candidate's generation seconds on its rounds against the full
+  job's, as a share (the goal: at most 10%), tune's own prediction of it, and the whole
+  tune's wall time against the full run's.
 
 Needs ``nightshift demo init`` first.
 
@@ -59,8 +63,22 @@ def main() -> None:
     summary["benchmark"] = "tune_demo"
     summary["machine"] = platform.processor() or platform.machine()
     summary["chosen_figures"] = {
+        "why": chosen.get("why"),
         "speedup_over_job": chosen.get("speedup_over_job"),
         "agreement": picked.get("agreement"),
+        "agreement_ci": picked.get("agreement_ci"),
+    }
+    summary["candidate_figures"] = {
+        c["name"]: {
+            "measurable": not c.get("not_measurable"),
+            "rounds_tokens_per_s": c.get("rounds_tokens_per_s"),
+            "spread": c.get("spread"),
+            "agreement": c.get("agreement"),
+            "agreement_ci": c.get("agreement_ci"),
+            "flips": c.get("flips"),
+            "batch_reached": c["limit"]["measured"]["batch_reached"],
+        }
+        for c in ran
     }
     summary["sample_cost"] = {
         "full_job_generate_s": round(job_generate, 2),
@@ -70,9 +88,12 @@ def main() -> None:
         "share_of_job_generate": {
             c["name"]: round(c["generate_s"] / job_generate, 4) for c in ran if job_generate
         },
+        "within_10_percent": bool(job_generate)
+        and all(c["generate_s"] / job_generate <= 0.10 for c in ran),
+        "tune_predicted": summary["sample"].get("cost"),
     }
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
-    shown = ("chosen", "chosen_figures", "sample_cost")
+    shown = ("chosen", "chosen_figures", "candidate_figures", "sample_cost")
     print(json.dumps({k: summary[k] for k in shown}, indent=2))
 
 
