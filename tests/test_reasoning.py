@@ -16,6 +16,8 @@ from nightshift.demo.tickets import LABELS, corpus
 from nightshift.errors import SpecError
 from nightshift.io.outputs import JobOutput, committed_files
 from nightshift.jobs.loading import validate_spec
+from nightshift.jobs.sampling import SamplingColumn
+from nightshift.jobs.tasks import handler_for, label_encoder, sampling_for
 from nightshift.pipelines.direct import run_job
 from nightshift.scheduling.plan import load_encoder
 
@@ -94,12 +96,19 @@ def test_a_record_s_own_budget_overrides_the_job_s(thinker, tmp_path):
     ]
     path = write_records(tmp_path / "in" / "part.parquet", records)
     data = reasoning_spec(thinker, path, tmp_path / "out", input={"sampling_column": "sampling"})
-    data["task"] = {"kind": "generate"}
-    run_job(validate_spec(data), progress=False)
+    run_job(validate_spec(data), progress=False)  # scored labels, read after the thinking
     ok = rows("results", tmp_path / "out").sort("ticket_id")
+    assert ok.height == 4 and set(ok["label"]) <= set(LABELS)
     assert ok["reasoning_tokens"].to_list()[0] == 0
     assert ok["reasoning_tokens"].to_list()[1] <= 2
     assert ok["reasoning_tokens"].to_list()[2] <= 6 and ok["reasoning_tokens"].to_list()[3] <= 5
+    # a scored label's one step keeps its form, its thinking gets the record's budget
+    spec = validate_spec(data)
+    task = handler_for(spec.task, label_encoder(spec, load_encoder(spec)))
+    job = sampling_for(spec, task)
+    own = SamplingColumn(spec, job).sampling('{"reasoning_budget": 30, "max_tokens": 99}')
+    assert own.reasoning_budget == 30 and own.constraint == job.constraint
+    assert own.max_tokens == job.max_tokens - (6 + 1) + (30 + 1)
 
 
 def test_a_model_without_think_tokens_is_refused_in_one_line(models, ticket_dir, tmp_path):

@@ -201,9 +201,10 @@ class SamplingColumn:
         # asks: the scoring step stays as it is (a record's answer budget or schema
         # would only generate text no one reads)
         job = self.job
-        return dataclasses.replace(
-            merged, max_tokens=job.max_tokens, n=1, constraint=job.constraint
-        )
+        # a reasoning model's thinking before that step: the record's own budget for it
+        thinking = thinking_allowance(merged.reasoning_budget)
+        tokens = job.max_tokens - thinking_allowance(job.reasoning_budget) + thinking
+        return dataclasses.replace(merged, max_tokens=tokens, n=1, constraint=job.constraint)
 
 
 def sampling_column(spec: JobSpec, job: Sampling | None = None) -> SamplingColumn | None:
