@@ -134,3 +134,16 @@ def test_a_budget_of_zero_renders_prompts_with_thinking_off(thinker, ticket_dir,
     off = load_encoder(validate_spec(data))
     assert on.template_frame("x")[1].endswith("<think>\n")
     assert off.template_frame("x")[1].endswith("</think>\n\n")
+
+
+def test_a_repeated_record_copies_the_thinking_but_costs_no_thinking_tokens(thinker, tmp_path):
+    same = {"subject": "Refund", "body": "I was charged twice."}
+    records = [{"ticket_id": f"t{i}", **same} for i in range(3)]
+    records.append({"ticket_id": "t9", "subject": "Login", "body": "Locked out."})
+    path = write_records(tmp_path / "in" / "part.parquet", records)
+    report = run_job(validate_spec(reasoning_spec(thinker, path, tmp_path / "out")), progress=False)
+    ok = rows("results", tmp_path / "out").sort("ticket_id")
+    copies = ok.filter(ok["answered_from"].is_not_null())
+    assert copies.height == 2 and (copies["reasoning_tokens"] == 0).all()
+    assert (copies["reasoning"] == ok["reasoning"][0]).all()  # the answer's thinking, copied
+    assert report.report["tokens"]["reasoning"] == ok["reasoning_tokens"].sum() > 0

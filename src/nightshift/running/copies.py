@@ -102,4 +102,5 @@ def copy_rows(
 
 def not_sent(row: dict) -> dict:
     """A row as the run's totals count it when no tokens went to the engine for it."""
-    return {**row, **dict.fromkeys(_SENT, 0)}
+    sent = _SENT + (("reasoning_tokens",) if "reasoning_tokens" in row else ())  # thinking
+    return {**row, **dict.fromkeys(sent, 0)}
