@@ -70,11 +70,27 @@ def _run_all(specs: list[JobSpec], fresh: bool) -> tuple[list[dict[str, Any]], f
             engine.close()
 
 
+def steady(report: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+    """A round's speed from its first answer to its last: the wait before the first
+    answer (label calibration, a cold engine's first steps) is paid once in a full job
+    but in every round, and on a small round it would outweigh the batch limits tried."""
+    answering = report["time_s"].get("generate_answering") or 0.0
+    if answering <= 0:
+        return found
+    tokens = report["tokens"]
+    speeds = {
+        "tokens_per_s": round((tokens["prompt"] + tokens["output"]) / answering, 2),
+        "records_per_s": round(found["records_answered"] / answering, 3),
+    }
+    return {**found, **speeds}
+
+
 def round_figures(ran: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[str, Any]:
-    """Speed and cost over the rounds: the median round's speed, each round's tokens/s
-    and their spread ((slowest to fastest) over the median), the generation seconds and
-    records of all rounds together; the binding limit as the engine measured it."""
-    each = [figures(r, usd_per_gpu_hour, gpus) for r in ran["reports"]]
+    """Speed and cost over the rounds: the median round's speed (``steady``), each
+    round's tokens/s and their spread ((slowest to fastest) over the median), the
+    generation seconds and records of all rounds together (what the sample cost); the
+    binding limit as the engine measured it."""
+    each = [steady(r, figures(r, usd_per_gpu_hour, gpus)) for r in ran["reports"]]
     speeds = [f["tokens_per_s"] for f in each]
     middle = statistics.median(speeds)
     usd_per_s = usd_per_gpu_hour * gpus / 3600
