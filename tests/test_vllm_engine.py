@@ -42,8 +42,10 @@ SCHEMA = {
 def engine(models, tmp_path_factory):
     from nightshift.running.engines import start_vllm
 
-    spec = validate_spec(spec_dict(models["chat"], "unused", tmp_path_factory.mktemp("o")))
-    engine = start_vllm(spec)
+    data = spec_dict(models["chat"], "unused", tmp_path_factory.mktemp("o"))
+    # dtype and eager mode left to the platform, as the shipped configs leave them
+    data["model"]["dtype"], data["engine"] = "auto", {"max_num_seqs": 64}
+    engine = start_vllm(validate_spec(data))
     yield engine
     engine.close()
 
@@ -73,6 +75,18 @@ def test_fp8_kv_cache_is_in_effect_where_the_hardware_has_it(engine):
         assert settings["kv_cache_dtype_requested"] == "fp8"
         assert settings["kv_cache_fallback"] == reason
     assert engine.info.prefix_caching and engine.info.kv_cache_tokens > 0
+
+
+def test_the_cpu_gets_eager_and_a_dtype_it_runs_and_the_report_says_so(engine):
+    import torch
+
+    chose, settings = engine.info.settings["chosen"], engine.info.settings
+    bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert chose["enforce_eager"] is True and "enforce_eager" in settings["platform_choices"]
+    if not bf16:  # no bf16 units: float32 picked for "auto", with its reason
+        assert chose["dtype"] == "float32" and "dtype" in settings["platform_choices"]
+    assert chose["max_num_seqs"] == 64  # the spec's, where it sets one
+    assert chose["max_num_batched_tokens"] > 0 and chose["block_size"] == engine.info.block_size
 
 
 def test_classify_returns_only_labels_and_reconciles(models, ticket_dir, tmp_path, engine):

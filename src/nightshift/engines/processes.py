@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 # The pid of the process that starts engine cores, set just before each start: a core
@@ -53,6 +54,91 @@ def kill_process_tree(pids: list[int]) -> None:
         for process in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+
+GONE_WAIT_S = 60.0  # how long a closed engine's killed processes may take to be gone
+
+
+def process_tree(pids: list[int]) -> list[int]:
+    """The pids of each process and all its descendants (a TP engine's workers)."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pid)
+            found += [p.pid for p in root.children(recursive=True)] + [pid]
+    return found
+
+
+def shared_segments(pids: list[int]) -> set[str]:
+    """The /dev/shm files these processes map: vLLM's message queues between an engine
+    core and its workers (about 160 MiB each), which a SIGKILL leaves behind."""
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+                if path.startswith("/dev/shm/"):
+                    found.add(path.removesuffix(" (deleted)"))
+    return found
+
+
+def wait_gone(pids: list[int], timeout_s: float = GONE_WAIT_S) -> list[int]:
+    """Wait until these processes are gone (exited: a zombie holds no memory, and its
+    parent, vLLM, reaps it); the pids still running after ``timeout_s``."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def remove_segments(paths: set[str]) -> None:
+    """Unlink the shared-memory files a dead engine's processes mapped (no live process
+    of it is left to use them; a mapping elsewhere stays valid without its name)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class EngineProcesses:
+    """An engine's killed processes and the shared memory they mapped: its ``close``
+    waits until they are gone, so the next engine finds the GPU free, then unlinks the
+    segments a SIGKILL left in /dev/shm."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.segments: set[str] = set()
+
+    def kill(self, roots: list[int]) -> None:
+        tree = process_tree(roots)
+        self.segments |= shared_segments(tree)  # read before they die: /proc goes with them
+        self.pids |= set(tree)
+        kill_process_tree(tree)
+
+    def wait_and_clean(self, timeout_s: float = GONE_WAIT_S) -> None:
+        """Once every killed process is gone, remove its segments; EngineError naming a
+        process that is still there after ``timeout_s`` (its GPU memory is not free)."""
+        from nightshift.errors import EngineError
+
+        left = wait_gone(sorted(self.pids), timeout_s)
+        if left:
+            raise EngineError(
+                f"engine process {left[0]} still runs {timeout_s:g} s after SIGKILL (stuck "
+                "in the GPU driver?), so its GPU memory is not free: end it, or reset the "
+                "GPU, before the next run"
+            )
+        remove_segments(self.segments)
+        self.pids.clear()
+        self.segments.clear()
 
 
 def engine_cores_die_with_this_process() -> None:

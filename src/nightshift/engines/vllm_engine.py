@@ -21,8 +21,8 @@ from typing import Any
 
 from nightshift.engines.base import EngineInfo, EngineRequest, EngineResult, EngineStats, Sampling
 from nightshift.engines.processes import (
+    EngineProcesses,
     engine_cores_die_with_this_process,
-    kill_process_tree,
     start_was_killed,
 )
 from nightshift.engines.stall import StallWatch
@@ -113,6 +113,7 @@ class VllmEngine:
     ) -> None:
         self._llm = llm
         self._loras = _lora_requests(adapters or {})
+        self._ended = EngineProcesses()  # what kill() ended, for close() to wait for
         self._markers = _reasoning_markers(llm)  # a reasoning model's: answers split apart
         cache = llm.llm_engine.vllm_config.cache_config
         blocks = cache.num_gpu_blocks or 0
@@ -245,7 +246,7 @@ class VllmEngine:
     def kill(self) -> None:
         """SIGKILL the engine's processes (EngineCore and its children): vLLM then raises
         EngineDeadError in the caller's ``step()``, even one that never returns."""
-        kill_process_tree(_engine_pids(self._llm) if self._llm is not None else [])
+        self._ended.kill(_engine_pids(self._llm) if self._llm is not None else [])
 
     def _watchdog(self) -> None:
         period = min(5.0, max(0.2, (self._watch.stall_s or 1.0) / 5))
@@ -325,9 +326,10 @@ class VllmEngine:
         llm, self._llm = self._llm, None
         engine = getattr(llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        kill_process_tree(_engine_pids(llm) if llm is not None else [])
+        self._ended.kill(_engine_pids(llm) if llm is not None else [])
         if shutdown:
             shutdown()
+        self._ended.wait_and_clean()  # the processes gone (the GPU free), /dev/shm clean
 
 
 def _reasoning_markers(llm: Any) -> Any:

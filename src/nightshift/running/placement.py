@@ -45,10 +45,10 @@ class PlacedEngine:
         return self._engine.stats()
 
     def close(self) -> None:
-        try:
-            self._engine.close()  # vLLM's waits until its processes are gone
-        finally:
-            self._placement.release()
+        # vLLM's waits until its processes are gone; if one outlives the wait it raises,
+        # and the devices stay held (by this process) rather than go to a new engine.
+        self._engine.close()
+        self._placement.release()
 
 
 def start_placed(count: int, start: Callable[[], Engine]) -> Engine:
