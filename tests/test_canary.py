@@ -101,6 +101,33 @@ def test_nothing_to_compare_where_the_setting_takes_no_effect(models, tmp_path, 
     assert not (out / "canary").exists()
 
 
+def test_a_canary_a_fallback_left_with_nothing_to_compare_is_measured_next_run(
+    models, tmp_path, write_spec, monkeypatch
+):
+    """A machine whose engine could not hold FP8 compares nothing; the next run (here:
+    new records arrive, FP8 now takes effect) measures the canary instead of going on
+    with FP8 unchecked for good."""
+    from nightshift.pipelines import canary as canary_module
+
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FP8_CHANGES", "0.02")
+    monkeypatch.setattr(canary_module, "kv_fallback_reason", lambda spec: "no AVX-512 here")
+    spec, out = canary_job(models, tmp_path, write_spec, min_agreement=0.5)
+    assert runner.invoke(app, ["jobs", "run", str(spec)]).exit_code == 0
+    kept = json.loads((out / "plan" / "canary.json").read_text())
+    assert kept["status"] == "nothing to compare" and kept["measure_again"]
+    monkeypatch.undo()
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FP8_CHANGES", "0.02")
+    rows = [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 4}", "body": f"my order {i} is late"}
+        for i in range(240)
+    ]
+    write_records(tmp_path / "in" / "t.parquet", rows)  # 40 new records in the input
+    result = runner.invoke(app, ["jobs", "run", str(spec)])
+    assert result.exit_code == 0, result.output
+    kept = json.loads((out / "plan" / "canary.json").read_text())
+    assert kept["status"] == "measured" and kept["agreement"] >= 0.5
+
+
 def test_canary_off_and_its_keys_checked(models, tmp_path, write_spec, monkeypatch):
     monkeypatch.setenv("NIGHTSHIFT_FAKE_FP8_CHANGES", "0.3")
     spec, out = canary_job(models, tmp_path, write_spec, enabled=False)

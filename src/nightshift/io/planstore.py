@@ -142,6 +142,11 @@ class PlanStore:
         """Store ``canary`` unless a run stored one first; the one kept is returned."""
         return self._keep(CANARY, canary)
 
+    def replace_canary(self, canary: dict[str, Any]) -> dict[str, Any]:
+        """Store ``canary`` over one kept to be measured again (``measure_again``)."""
+        self.store.put_bytes(CANARY, json.dumps(canary, indent=2).encode())
+        return canary
+
     def _kept(self, key: str) -> dict[str, Any] | None:
         try:
             return json.loads(self.store.get_bytes(key))

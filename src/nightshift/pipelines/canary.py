@@ -34,7 +34,13 @@ from nightshift.jobs.reference import KV, answer_changing, reference_sets
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import sampling_for
 from nightshift.running.cached import canary_answers
-from nightshift.running.canary import NOTHING, canary_wanted, enforce, nothing_to_compare_yet
+from nightshift.running.canary import (
+    NOTHING,
+    canary_wanted,
+    enforce,
+    measure_again,
+    nothing_to_compare_yet,
+)
 from nightshift.running.engines import EnginePool
 from nightshift.running.runner import JobRun
 
@@ -52,9 +58,10 @@ def check_canary(job: JobRun, engines: EnginePool, run_side: RunSide) -> None:
         return
     plans = job.output.plans
     kept = plans.canary()
-    if kept is None:
-        began = time.perf_counter()
-        kept = plans.keep_canary(measure_canary(job, engines, run_side))
+    if kept is None or measure_again(kept):
+        began, again = time.perf_counter(), kept is not None
+        kept = measure_canary(job, engines, run_side)
+        kept = plans.replace_canary(kept) if again else plans.keep_canary(kept)
         job.progress.canary_measured(began, time.perf_counter())  # a band on report.png
         sampling = sampling_for(job.spec, job.runner.task)
         job.runner.canary_answers = canary_answers(plans, job.manifest, sampling)
@@ -70,7 +77,9 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
     reason = _nothing_to_compare(spec, changing)
     ids = [] if reason else sample_ids(job)
     if not ids:
-        return {**found, "status": NOTHING, "reason": reason or "no record to sample"}
+        fell_back = reason and set(changing) == {KV} and reason.startswith("engine.kv_cache")
+        again = {"measure_again": True} if fell_back else {}  # this machine's, not the job's
+        return {**found, "status": NOTHING, "reason": reason or "no record to sample", **again}
     runs = {side: job.output.store.uri(f"{CANARY_DIR}/{side}") for side in ("reference", "job")}
     cache = f"{CANARY_DIR}/cache"
     with tempfile.TemporaryDirectory(prefix="nightshift-canary-") as tmp:
@@ -88,7 +97,7 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
         job_report = run_job(mine, overwrite=True, progress=False, engine=engine).report
     fallback = (engine.info.settings or {}).get("kv_cache_fallback")
     if fallback and set(changing) == {KV}:  # the job's engine fell back at its start
-        return {**found, "status": NOTHING, "reason": fallback, "runs": runs}
+        return {**found, "status": NOTHING, "reason": fallback, "runs": runs, "measure_again": True}
     return {
         **found,
         "status": "measured",

@@ -45,7 +45,15 @@ def canary_pending(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
     engines then start one after the other, never two on one GPU at once."""
     if not canary_wanted(spec) or nothing_to_compare_yet(spec):
         return False
-    return overwrite or new_run or JobOutput(spec.output.path).plans.canary() is None
+    kept = JobOutput(spec.output.path).plans.canary()
+    return overwrite or new_run or kept is None or measure_again(kept)
+
+
+def measure_again(kept: dict[str, Any]) -> bool:
+    """Whether a kept canary compared nothing because this machine's engine fell back
+    from FP8: another run (another machine, a fixed driver) measures it again, so a
+    job never goes on with FP8 unchecked because one start could not hold it."""
+    return kept.get("status") == NOTHING and bool(kept.get("measure_again"))
 
 
 def below(spec: JobSpec, kept: dict[str, Any]) -> bool:
