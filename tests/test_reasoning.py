@@ -43,7 +43,7 @@ def reasoning_spec(model: Path, ticket_dir: Path, out: Path, **changes) -> dict:
     data["run"] = {**data["run"], "engine": "fake"}
     data["sampling"] = {"max_tokens": 8, "reasoning_budget": 6}
     for section, values in changes.items():
-        data[section] = {**data[section], **values}
+        data[section] = {**data.get(section, {}), **values}
     return data
 
 
@@ -147,3 +147,25 @@ def test_a_repeated_record_copies_the_thinking_but_costs_no_thinking_tokens(thin
     assert copies.height == 2 and (copies["reasoning_tokens"] == 0).all()
     assert (copies["reasoning"] == ok["reasoning"][0]).all()  # the answer's thinking, copied
     assert report.report["tokens"]["reasoning"] == ok["reasoning_tokens"].sum() > 0
+
+
+def test_an_answer_from_the_response_cache_keeps_its_thinking_apart(thinker, tmp_path):
+    records = [{"ticket_id": f"t{i}", "subject": f"s{i}", "body": f"b{i}"} for i in range(6)]
+    path = write_records(tmp_path / "in" / "part.parquet", records)
+    data = reasoning_spec(thinker, path, tmp_path / "first", cache={"path": str(tmp_path / "c")})
+    data["task"], data["sampling"] = {"kind": "generate"}, {"max_tokens": 20}  # some run out
+    run_job(validate_spec(data), progress=False)
+    again = run_job(
+        validate_spec({**data, "output": {"path": str(tmp_path / "again")}}), progress=False
+    )
+    assert again.report["response_cache"]["hits"] == 6
+    for kind in ("results", "failed"):
+        first, cached = rows(kind, tmp_path / "first"), rows(kind, tmp_path / "again")
+        columns = ["ticket_id", "text", "reasoning", "reasoning_tokens"]
+        assert (
+            first.select(columns).sort("ticket_id").equals(cached.select(columns).sort("ticket_id"))
+        )
+    assert (
+        rows("failed", tmp_path / "again").height
+        == again.report["reasoning"]["records_out_of_tokens"]
+    )

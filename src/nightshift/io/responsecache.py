@@ -46,7 +46,8 @@ ANSWER_FIELDS = (
     "choices",  # [] when the engine gave its one answer as text and finish_reason only
 )
 # a classify job's label scores (engines.base.Sampling), an embed job's vector
-OPTIONAL_FIELDS = ("scores", "embedding")
+# a reasoning model's answer (model.reasoning) keeps its thinking apart, choice 0's
+OPTIONAL_FIELDS = ("scores", "embedding", "reasoning", "reasoning_tokens", "reasoning_unfinished")
 CHOICE_FIELDS = ("text", "finish_reason", "output_tokens", "stop_sequence", "logprobs")
 _HEX = "[0-9a-f]"
 ENTRY = re.compile(rf"responses/{_HEX}{{64}}/({_HEX}{{2}})/\1{_HEX}{{62}}\.json")

@@ -14,6 +14,7 @@ cached answer equals the one made from the generated answer.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from nightshift.engines.base import Choice, EngineRequest, EngineResult, Sampling, TokenLogprob
@@ -141,6 +142,18 @@ def answer_of(result: EngineResult) -> dict[str, Any]:
         ],
         **({} if result.scores is None else {"scores": list(result.scores)}),
         **({} if result.embedding is None else {"embedding": list(result.embedding)}),
+        **_thinking(result),
+    }
+
+
+def _thinking(result: EngineResult) -> dict[str, Any]:
+    """A reasoning model's thinking (choice 0's), kept apart as the answer had it."""
+    if result.reasoning is None:
+        return {}
+    return {
+        "reasoning": result.reasoning,
+        "reasoning_tokens": result.reasoning_tokens,
+        "reasoning_unfinished": result.reasoning_unfinished,
     }
 
 
@@ -156,8 +169,16 @@ def result_of(key: int, answer: dict[str, Any]) -> EngineResult:
         )
         for c in answer["choices"]
     )
+    thinking = {
+        "reasoning": answer.get("reasoning"),
+        "reasoning_tokens": int(answer.get("reasoning_tokens") or 0),
+        "reasoning_unfinished": bool(answer.get("reasoning_unfinished")),
+    }
+    if choices and thinking["reasoning"] is not None:  # choice 0 thought it
+        choices = (replace(choices[0], **thinking), *choices[1:])
     return EngineResult(
         key,
+        **thinking,
         text=answer["text"],
         finish_reason=answer["finish_reason"],
         prompt_tokens=int(answer["prompt_tokens"]),
