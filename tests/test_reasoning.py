@@ -169,3 +169,21 @@ def test_an_answer_from_the_response_cache_keeps_its_thinking_apart(thinker, tmp
         rows("failed", tmp_path / "again").height
         == again.report["reasoning"]["records_out_of_tokens"]
     )
+
+
+def test_the_planner_and_capacity_count_the_budget_as_output(thinker, ticket_dir, tmp_path):
+    from nightshift.jobs.tasks import answer_budget
+    from nightshift.scheduling.capacity import output_estimate
+
+    data = reasoning_spec(thinker, ticket_dir, tmp_path / "out")
+    data["task"], data["sampling"] = (
+        {"kind": "generate"},
+        {"max_tokens": 40, "reasoning_budget": 100},
+    )
+    spec = validate_spec(data)
+    assert answer_budget(spec) == 40 + 100 + 1  # the answer, the thinking, its closing marker
+    tokens, why = output_estimate(spec, None)
+    assert tokens == 141 and "reasoning_budget" in why
+    data["model"]["max_model_len"] = 141  # no room left for a prompt
+    with pytest.raises(Exception, match="reasoning_budget"):
+        validate_spec(data)
