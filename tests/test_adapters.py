@@ -96,7 +96,7 @@ def test_adapter_settings_and_mistakes(models, tmp_path):
     with pytest.raises(SpecErrors, match="input.adapter_column: no adapters"):
         validate_spec(no_adapters)
     missing = {**data, "model": {**data["model"], "adapters": {"x": str(tmp_path)}}}
-    with pytest.raises(SpecErrors, match="holds no adapter_config.json"):
+    with pytest.raises(SpecErrors, match="^model.adapters.x: .* holds no adapter_config.json"):
         validate_spec(missing)
     config = json.loads((Path(data["model"]["adapters"]["a"]) / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8
@@ -150,3 +150,44 @@ def test_a_removed_or_renamed_adapter_column_is_refused_on_resume(
     result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake"])
     assert result.exit_code == 2, result.output
     assert "input.adapter_column changed" in result.output
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        ('{"peft_type": "LORA", "r": "eight"}', "gives the rank r as 'eight'"),
+        ("{not json", "is not valid JSON (Expecting property name"),
+        ('["LORA", 8]', "is not a JSON object"),
+        (None, "holds no adapter_config.json"),
+    ],
+)
+def test_a_broken_adapter_is_one_line_naming_it_before_planning(
+    models, tmp_path, write_spec, config, problem
+):
+    data = adapter_job(models, tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    if config is not None:
+        (broken / "adapter_config.json").write_text(config)
+    data["model"]["adapters"]["a"] = str(broken)
+    result = runner.invoke(app, ["jobs", "run", str(write_spec(data)), "--set", "run.engine=vllm"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: model.adapters.a: ") and problem in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "out" / "plan").exists()  # refused before planning
+
+
+@pytest.mark.parametrize("kind", ["embed", "generate"])
+def test_a_mistyped_model_folder_is_one_line_naming_model_path(tmp_path, write_spec, kind):
+    rows = [{"ticket_id": "T1", "subject": "s", "body": "b"}]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    data = spec_dict(tmp_path / "no-such-model", inputs, tmp_path / "out", task={"kind": kind})
+    data["model"]["path"] = "./no-such-model"
+    if kind == "embed":
+        del data["sampling"], data["prompt"]["system"]
+    result = runner.invoke(app, ["jobs", "run", str(write_spec(data)), "--set", "run.engine=fake"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "error: model.path: model folder ./no-such-model does not exist (run `nightshift demo "
+        "init` for the demo model, or give a model folder or HF id)"
+    )

@@ -38,6 +38,9 @@ class SpecErrors(UserError):
 
     def __init__(self, errors: list[SpecError]) -> None:
         self.errors = errors
+        if len(errors) == 1:  # one problem: one line, as every other user error
+            super().__init__(str(errors[0]))
+            return
         lines = "\n".join(f"  - {e}" for e in errors)
         super().__init__(f"invalid job spec:\n{lines}")
 
@@ -53,6 +56,10 @@ class OutputExistsError(UserError):
 class CanaryFailedError(UserError):
     """The canary's sample agreed with the reference less than ``run.canary.min_agreement``:
     the full run did not start (exit code 2). The sample's answers are kept."""
+
+
+class CanaryPendingError(UserError):
+    """A worker found no canary kept for its job in time: it claimed no shard (exit 2)."""
 
 
 class RecordError(NightshiftError):

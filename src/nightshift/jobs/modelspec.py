@@ -2,17 +2,17 @@
 the LoRA adapters a record may pick (``input.adapter_column``).
 
 Every key but ``adapters`` is a vLLM engine argument (``SPEC_ENGINE_ARGS`` in
-``jobs.spec`` names them); an adapter is checked here to be a PEFT folder (it holds an
-``adapter_config.json``) when the spec loads, before any engine starts.
+``jobs.spec`` names them); each adapter's ``adapter_config.json`` is read when the spec
+loads, before any engine starts (``jobs.modelcheck``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from nightshift.jobs.modelcheck import check_adapter
 from nightshift.jobs.section import Section as _Section
 from nightshift.jobs.section import without_defaults as _without_defaults
 
@@ -52,8 +52,7 @@ class ModelSpec(_Section):
         for name, path in adapters.items():
             if not name.strip():
                 raise ValueError("an adapter needs a name")
-            if not (Path(path).expanduser() / "adapter_config.json").is_file():
-                raise ValueError(f"{name}: {path} holds no adapter_config.json")
+            check_adapter(name, path)  # its config as vLLM will read it (jobs.modelcheck)
         return adapters
 
     @model_serializer(mode="wrap")

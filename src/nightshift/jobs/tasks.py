@@ -250,7 +250,15 @@ def embedding_dimension(spec: JobSpec) -> int:
 
     from nightshift.engines.tokenizer import model_source
 
-    config = AutoConfig.from_pretrained(model_source(spec.model.path))
+    try:
+        config = AutoConfig.from_pretrained(model_source(spec.model.path))
+    except (OSError, ValueError) as exc:  # no such folder or id, or no config.json in it
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(
+            "model.path",
+            f"cannot read the model's config from {spec.model.path!r}: {first}",
+            "give a local model folder or a model id this machine can reach",
+        ) from None
     size = int(getattr(config, "get_text_config", lambda: config)().hidden_size)
     wanted = spec.embed.dimensions if spec.embed is not None else None
     if not wanted:

@@ -17,6 +17,7 @@ from nightshift.engines.base import Engine, EngineInfo, EngineStats
 from nightshift.engines.processes import StartingProcesses, engine_start_processes
 from nightshift.engines.tokenizer import model_source
 from nightshift.errors import EngineFatalError, RunStoppedError
+from nightshift.jobs.modelcheck import check_model_folders
 from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.lora import adapter_folders, lora_arguments
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 def check_engine_spec(spec: JobSpec) -> None:
     """Checks that need the engine's own package, run before planning so mistakes show early."""
+    check_model_folders(spec.model.path, spec.model.tokenizer)  # first: the rest read them
     if spec.task.kind == "embed":
         from nightshift.jobs.tasks import embedding_dimension
 
