@@ -11,7 +11,7 @@ PIP    := $(PY) -m pip
 EXTRA  := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP  := $(VENV)/.installed-$(EXTRA)
 DEMO_FILES := .nightshift/demo-model/config.json .nightshift/smollm2-135m-instruct/.nightshift-complete \
-	data/demo/tickets/tickets-007.parquet
+	.nightshift/demo-model-reasoning/config.json data/demo/tickets/tickets-007.parquet
 # pip prints a warning per package for the machine's optional local indexes; hide only those.
 QUIET  := grep -v "^WARNING: Location" || true
 
