@@ -103,6 +103,13 @@ def test_tune_grid_on_rounds_with_intervals_flips_and_check(
         assert not blind or "not measurable on this sample" in entries[name]["not_measurable"]
     assert summary["chosen"]["name"] not in {n for n in grid if "max_num_seqs=8" in n}
     _check_intervals_and_flips(entries)
+    # the sample's cost against the job's generation time predicted from its own rounds
+    cost, job = summary["sample"]["cost"], entries["job"]
+    predicted = job["rounds_wait_s"][0] + 80 / job["records_per_s"]
+    assert cost["job_generate_s_predicted"] == pytest.approx(predicted, abs=0.01)
+    assert cost["share_per_candidate"]["job"] == pytest.approx(
+        job["generate_s"] / predicted, rel=0.01
+    )
     # the job's answers differ from the reference beyond the bar: the reference is chosen
     chosen = summary["chosen"]
     assert chosen["name"] == "reference" and "differ" in chosen["why"]

@@ -85,6 +85,10 @@ def steady(report: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
     return {**found, **speeds}
 
 
+def _wait(report: dict[str, Any]) -> float:
+    return report["time_s"].get("generate_before_first_answer") or 0.0
+
+
 def round_figures(ran: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[str, Any]:
     """Speed and cost over the rounds: the median round's speed (``steady``), each
     round's tokens/s and their spread ((slowest to fastest) over the median), the
@@ -104,6 +108,8 @@ def round_figures(ran: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> di
         if records_per_s
         else None,
         "rounds_tokens_per_s": speeds,
+        # the wait before each round's first answer: paid once by a full job
+        "rounds_wait_s": [round(_wait(r), 2) for r in ran["reports"]],
         "spread": round((max(speeds) - min(speeds)) / middle, 4) if middle else None,
         "generate_s": round(sum(f["generate_s"] for f in each), 2),
         "engine_startup_s": round(

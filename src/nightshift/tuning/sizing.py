@@ -171,10 +171,13 @@ def sample_summary(sizing: Sizing) -> dict:
 
 def sample_cost(entries: list[dict], job: dict | None, job_records: int) -> dict:
     """Each candidate's rounds (generation seconds) against the job's generation time
-    predicted from the job's own rounds, and the whole tune's; the aim is ``COST_AIM``."""
+    predicted from the job's own rounds (its first round's wait before the first answer,
+    once, and its records at the median round's pace), and the whole tune's; the aim is
+    ``COST_AIM``."""
     if job is None or not job.get("records_per_s"):
         return {}
-    predicted = job_records / job["records_per_s"]
+    wait = (job.get("rounds_wait_s") or [0.0])[0]
+    predicted = wait + job_records / job["records_per_s"]
     ran = [e for e in entries if "error" not in e]
     shares = {e["name"]: round(e["generate_s"] / predicted, 4) for e in ran}
     worst = max(shares.values())
