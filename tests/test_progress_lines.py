@@ -46,6 +46,23 @@ def test_a_line_at_the_start_every_30_s_and_at_the_end():
     assert last[-1] == "generate: 400/400 records (100.0%) in 35 s, 15.20 records/s, 1,234 tok/s"
 
 
+def test_no_eta_from_a_single_answer_after_a_long_start():
+    """The engine took 44 s to start and one answer came: no rate, so no ETA (the old
+    line promised 27 minutes for a job that ended 10 s later)."""
+    clock, log = Clock(), io.StringIO()
+    lines = ProgressLines("generate", 39, "records", stream=log, clock=clock)
+    clock.now += 44
+    lines.update(1)
+    assert log.getvalue().splitlines()[-1] == "generate: 1/39 records (2.6%) in 44 s, no rate yet"
+    clock.now += 10
+    lines.at(39)
+    lines.close()
+    assert (
+        log.getvalue().splitlines()[-1]
+        == "generate: 39/39 records (100.0%) in 54 s, 3.80 records/s"
+    )
+
+
 def test_jobs_run_writes_progress_lines_when_the_screen_is_a_log(
     models, ticket_dir, tmp_path, write_spec, capfd
 ):

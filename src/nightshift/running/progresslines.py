@@ -97,7 +97,7 @@ class ProgressLines:
         head += f" in {duration(now - self.started)}"
         rate = self._rate(now)
         if rate is None:
-            head += ", waiting for the first" if not done else ""
+            head += ", waiting for the first" if not done else ", no rate yet"
         else:
             head += f", {rate:,.2f} {self.unit}/s"
             if total and done < total:
@@ -105,14 +105,17 @@ class ProgressLines:
         return head + (f", {self.postfix}" if self.postfix else "")
 
     def _rate(self, now: float) -> float | None:
-        """Units per second since the first was done; over the whole time when they all
-        came at once (a fast run's only line); None before any."""
+        """Units per second since the first was done; None until more have come (a rate
+        from one unit, over an engine's start-up, would promise a false ETA). The last
+        line of a run whose units all came at once rates them over the whole time."""
         if self._first is None:
             return None
         since, before = self._first
         if self.n > before and now > since:
             return (self.n - before) / (now - since)
-        return self.n / (now - self.started) if now > self.started else None
+        if self._closed and now > self.started:
+            return self.n / (now - self.started)
+        return None
 
     def __enter__(self) -> ProgressLines:
         return self
