@@ -9,6 +9,7 @@ refused (see ``jobs.fingerprint``). The steps that follow are ``ShardRunner.run`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.running.progress import LiveProgress
 from nightshift.running.shards import ShardRunner
 from nightshift.scheduling.increments import add_new_records, input_listing, input_may_have_grown
-from nightshift.scheduling.plan import build_plan, describe, load_encoder
+from nightshift.scheduling.plan import build_plan, describe, load_encoder, open_job_input
 
 
 @dataclass
@@ -57,13 +58,15 @@ def start_run(
     prepared = clock.now()
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     stamp = plan_stamp(spec)  # hashes the model's files: once per run
-    manifest = _resumable_plan(output, stamp, overwrite)
+    # the model first: a spec that cannot even load its tokenizer never deletes nor
+    # refuses anything on its account (its own error says what to fix)
+    encoder = load_encoder(spec)
+    manifest = _resumable_plan(output, stamp, overwrite, lambda: open_job_input(spec))
     if as_worker and manifest is None:
         raise OutputExistsError(
             f"output.path: {output.location} has no plan for a worker to take up; "
             "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
         )
-    encoder = load_encoder(spec)
     if manifest is None:
         listing = {"input_listing": input_listing(spec)}  # before reading (increments)
         plan = build_plan(spec, encoder, progress)
@@ -112,12 +115,17 @@ def raise_if_failed(job: JobRun) -> None:
 
 
 def _resumable_plan(
-    output: JobOutput, stamp: dict[str, Any], overwrite: bool
+    output: JobOutput, stamp: dict[str, Any], overwrite: bool, check_input: Callable[[], Any]
 ) -> dict[str, Any] | None:
     """The plan of an earlier run of the same job here, to resume; None to plan afresh.
-    Refuses an output that holds a different job's run, or others' files and no run."""
+    Refuses an output that holds a different job's run, or others' files and no run.
+    ``check_input`` raises when the spec does not fit its input (a template column the
+    input lacks): run before a run is deleted (``--overwrite``) or refused as another
+    job's, so a typo is reported as itself and never costs a finished run."""
     output.refuse_foreign()  # with or without --overwrite: those files are not ours
     if overwrite:
+        if output.holds_a_run():
+            check_input()
         output.clear()
         return None
     manifest = output.plans.manifest()
@@ -130,6 +138,8 @@ def _resumable_plan(
         return None
     if manifest.get("fingerprint") != stamp["fingerprint"]:
         changed = changed_keys(manifest.get("fingerprint_inputs", {}), stamp["fingerprint_inputs"])
+        if changed:
+            check_input()  # a spec that cannot run is told so, not advised to --overwrite
         if not changed and "engine" not in manifest.get("fingerprint_inputs", {}):
             return manifest  # a plan from before engine versions were recorded: same job
         raise OutputExistsError(
