@@ -282,12 +282,17 @@ def test_chart_shows_engine_start_up_as_a_band_beside_planning(report):
         {"began_s": 200.0, "ready_s": 200.0},  # no time: nothing to draw
     ]
     assert chart_bands(report) == [
-        {"label": "start-up", "start_s": 0.0, "end_s": 2.0},  # nightshift's and Prefect's
+        {"label": "nightshift and Prefect start-up", "start_s": 0.0, "end_s": 2.0},
         {"label": "planning", "start_s": 2.0, "end_s": 22.0},
         {"label": "engine start-up", "start_s": 0.5, "end_s": 46.0},
         {"label": "engine start-up", "start_s": 150.0, "end_s": 170.0},
     ]
-    assert legend_labels(report) == ["start-up", "planning", "engine start-up", "records/s"]
+    assert legend_labels(report) == [
+        "nightshift and Prefect start-up",
+        "planning",
+        "engine start-up",
+        "records/s",
+    ]
     assert imread(io.BytesIO(chart_png_bytes(report))).shape[:2] == (900, 1000)
 
 

@@ -56,7 +56,7 @@ def newcomer(report):  # noqa: F811
 def test_every_second_of_the_run_is_in_a_phase_and_no_canary_band_when_none_ran(newcomer):
     bands = chart_bands(newcomer)
     assert [b["label"] for b in bands] == [
-        "start-up",
+        "nightshift and Prefect start-up",
         "planning",
         "engine start-up",
         "waiting for the first answer",

@@ -45,7 +45,7 @@ RECORDS, OUTPUT, TOTAL, PLANNING, STARTUP, CANARY = (
 # Start-up often runs during planning (the engine starts while the plan is built): it is
 # hatched over a pale tint, so the grey planning band still shows through where they meet.
 BAND_STYLES = {
-    "start-up": {
+    "nightshift and Prefect start-up": {
         "facecolor": "0.93",
         "edgecolor": "0.6",
         "hatch": "..",
@@ -158,10 +158,10 @@ def _draw(report: dict[str, Any]) -> Figure:
     if quality:
         quality_panel(figure.add_subplot(grid[-1]), quality)
     figure.suptitle(_title(report))
-    # The phases and records/s in one legend under the title, off the curves: a run
+    # The phases and records/s in one legend at the foot, off the curves: a run
     # has up to seven phases, too many for a corner of a panel.
     handles, labels = panels[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside upper center", ncols=4, fontsize=8)
+    figure.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=8)
     return figure
 
 
@@ -204,9 +204,12 @@ def _tokens_panel(axes: Axes, intervals: list[dict], report: dict[str, Any]) -> 
         scale.set_ylim(bottom=0)
         scale.yaxis.set_major_formatter(THOUSANDS)
     # One legend for both axes, so the reader need not match colours across two boxes.
+    # The phases are in the figure's legend already: here only the two lines.
     handles, labels = axes.get_legend_handles_labels()
     more_handles, more_labels = total_axes.get_legend_handles_labels()
-    total_axes.legend(handles + more_handles, labels + more_labels, loc="upper right", fontsize=8)
+    lines = [(h, n) for h, n in zip(handles + more_handles, labels + more_labels, strict=True)]
+    lines = [(h, n) for h, n in lines if n not in BAND_STYLES]
+    total_axes.legend(*zip(*lines, strict=True), loc="upper right", fontsize=8)
 
 
 def _edges(intervals: list[dict]) -> list[float]:

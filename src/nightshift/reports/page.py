@@ -332,8 +332,7 @@ def shard_lines(report: dict[str, Any]) -> list[str]:
     slowest = max(shards, key=lambda s: s["seconds"])
     note = (
         f"The {count(len(shards))} shard(s) this run committed, in start order; the slowest "
-        f"was shard {slowest['shard']} ({slowest['seconds']:,.1f} s)."
-        + _shard_time_note(report)
+        f"was shard {slowest['shard']} ({slowest['seconds']:,.1f} s)." + _shard_time_note(report)
     )
     return ["## Shards", "", note, "", *markdown_table(rows), ""]
 

@@ -3,7 +3,7 @@
 report.png draws these as bands behind its curves, so no part of a run is an unexplained
 gap, and the summary splits generation the same way:
 
-* **start-up**: nightshift's and Prefect's own start before planning (``time_s.prepare``);
+* **nightshift and Prefect start-up**: their own start before planning (``time_s.prepare``);
 * **planning** (``time_s.plan``);
 * **engine start-up**: the union of every engine's start (``timeline.engine_startups``);
 * **canary**: its two sample runs, only when it ran them (``canary.runs``): a canary
@@ -28,7 +28,7 @@ def run_phases(report: dict[str, Any]) -> list[dict[str, Any]]:
     times, timeline = report.get("time_s") or {}, report.get("timeline") or {}
     bands = []
     prepare, plan_s = times.get("prepare", 0.0), times.get("plan", 0.0)
-    _add(bands, "start-up", 0.0, prepare)
+    _add(bands, "nightshift and Prefect start-up", 0.0, prepare)
     _add(bands, "planning", prepare, prepare + plan_s)
     for begin, end in startup_union(timeline.get("engine_startups") or []):
         _add(bands, "engine start-up", begin, end)
