@@ -279,3 +279,28 @@ def test_a_mistyped_secret_override_is_not_echoed():
     with pytest.raises(SpecError) as caught:
         apply_override({}, "engine.extra.hf_token hf_abc123")
     assert caught.value.key == "--set" and "hf_abc123" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "meant"),
+    [
+        ("sampling.max_tokns", "sampling.max_tokens"),
+        ("task.lables", "task.labels"),
+        ("engine.max_num_seq", "engine.max_num_seqs"),
+        ("modle", "model"),
+    ],
+)
+def test_a_misspelt_key_names_the_key_it_meant(path, meant):
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[last] = node.get(meant.rsplit(".", 1)[-1], 1)
+    errors = errors_for(data)
+    assert [(e.key, e.fix) for e in errors if e.key == path] == [(path, f"did you mean {meant}?")]
+
+
+def test_a_key_like_none_is_only_told_to_go():
+    [err] = errors_for(with_change("sampling.zzz", 1))
+    assert (err.key, err.fix) == ("sampling.zzz", "remove it or check its spelling")

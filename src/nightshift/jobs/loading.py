@@ -6,17 +6,20 @@ so the CLI can print one clear line per problem instead of a traceback.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from nightshift.errors import SpecError, SpecErrors
 from nightshift.jobs.secrets import looks_secret
 from nightshift.jobs.spec import JobSpec
+from nightshift.jobs.taskspec import ClassifyTask, EmbedTask, ExtractTask, GenerateTask
 
 # A hint per pydantic error type: what the user should do, not what went wrong.
 _FIXES = {
@@ -34,6 +37,11 @@ _FIXES = {
     "literal_error": "use one of the listed values",
     "finite_number": "not .inf or .nan",
 }
+
+
+# task.kind -> its section: pydantic names the kind in an error's location
+TASK_KINDS = {"generate": GenerateTask, "classify": ClassifyTask, "extract": ExtractTask,
+              "embed": EmbedTask}  # fmt: skip
 
 
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
@@ -140,7 +148,7 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
 
 def _spec_error(err: dict[str, Any]) -> SpecError:
     # Discriminated unions add the tag ("classify") to the location; users never wrote it.
-    loc = [str(p) for p in err["loc"] if p not in ("generate", "classify", "extract")]
+    loc = [str(p) for i, p in enumerate(err["loc"]) if not _is_task_tag(err["loc"], i)]
     subkey = getattr(err.get("ctx", {}).get("error"), "subkey", None)
     if subkey:  # a validator of a whole mapping that names the key inside it
         loc.append(subkey)
@@ -148,8 +156,38 @@ def _spec_error(err: dict[str, Any]) -> SpecError:
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key"
+        near = difflib.get_close_matches(loc[-1], _keys_beside(err["loc"]), n=1, cutoff=0.6)
+        if near:  # a misspelling: name the key it most likely meant
+            return SpecError(key, message, f"did you mean {'.'.join([*loc[:-1], near[0]])}?")
     elif err["type"] == "missing":
         message = "required key is missing"
     elif err["type"] in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
         message = f"{message}, got {err['input']!r}"
     return SpecError(key, message, _FIXES.get(err["type"], ""))
+
+
+def _is_task_tag(loc: tuple, i: int) -> bool:
+    return i > 0 and loc[i - 1] == "task" and loc[i] in TASK_KINDS
+
+
+def _keys_beside(loc: tuple) -> list[str]:
+    """The keys the spec takes where the last part of ``loc`` was written."""
+    model: type[BaseModel] = JobSpec
+    for i, part in enumerate(loc[:-1]):
+        if _is_task_tag(loc, i):
+            model = TASK_KINDS[part]
+            continue
+        fields = {f.alias or n: f for n, f in model.model_fields.items()}
+        found = _models_in(fields[part].annotation) if part in fields else []
+        if len(found) == 1:
+            model = found[0]
+        elif part != "task":  # the task's kind comes next in the location
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The spec sections an annotation may hold (``X | None``, a union of tasks)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
