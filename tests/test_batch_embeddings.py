@@ -117,3 +117,20 @@ def test_an_embeddings_batch_on_vllm_equals_llm_embed(smollm2, tmp_path):
         llm.llm_engine.engine_core.shutdown()
     for a, b in zip(ours, theirs, strict=True):
         assert np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b) >= 0.999
+
+
+def test_a_line_refused_for_its_model_does_not_set_the_files_vector_size(models, tmp_path):
+    items = [
+        line("other", {"model": "not-served", "input": "a", "dimensions": 64}),
+        line("kept", {"input": "b"}),  # the model's own size: the first line that runs
+        line("sized", {"input": "c", "dimensions": 64}),
+    ]
+    source, out = write(tmp_path / "in.jsonl", items), tmp_path / "out.jsonl"
+    done = run_batch(
+        str(source), str(out), model=str(models["chat"]), overrides=["run.engine=fake"]
+    )
+    assert (done.completed, done.failed) == (1, 2)
+    assert [x["custom_id"] for x in lines_of(out)] == ["kept"]
+    errors = {x["custom_id"]: x for x in lines_of(tmp_path / "out.errors.jsonl")}
+    assert errors["other"]["response"]["body"]["error"]["code"] == "model_not_found"
+    assert errors["sized"]["response"]["body"]["error"]["param"] == "dimensions"

@@ -356,3 +356,25 @@ def test_served_names_come_from_the_path_as_typed(tmp_path, monkeypatch):
     assert served_names("./models/qwen/") == ["qwen"]
     assert served_names(".") == [tmp_path.name]  # no name typed: the folder's own
     assert served_names("./x", ["gpt-4o-mini", "gpt-4o-mini", "b"]) == ["gpt-4o-mini", "b"]
+
+
+def test_the_summary_says_time_cost_and_report_and_a_log_gets_progress_lines(models, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps(chat_line("a", "Hello")) + '\n{"custom_id": "b" "body": {}}\n')
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(  # no -q, and stderr a pipe: a log, not a terminal
+        [*NIGHTSHIFT, "batch", "run", str(source), str(out), "--model", str(models["chat"]),
+         *FAKE, "--set", "cost.usd_per_gpu_hour=2"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NIGHTSHIFT_GPU_LIMIT": f"test-gpu-{uuid.uuid4().hex[:8]}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout.splitlines()[-1]
+    assert summary.startswith("time: ") and "cost: $" in summary and "per 1M tokens" in summary
+    report = Path(summary.rpartition("report: ")[2])
+    assert report.name == "report.json" and report.is_file()
+    assert "generate: 1/1 records (100.0%)" in done.stderr  # a progress line, not a bar
+    error = json.loads((tmp_path / "out.errors.jsonl").read_text())["response"]["body"]["error"]
+    assert error["message"] == (
+        "line 2: not valid JSON: expecting ',' delimiter at column 19, at '\"body\": {}}'"
+    )

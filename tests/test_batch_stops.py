@@ -114,6 +114,10 @@ def test_live_counts_of_several_input_embeddings_lines_count_lines(serve):
     assert grew(counts), counts
     assert any(0 < c < 4 for c, _ in counts), counts  # seen part-way: lines, not texts
     assert (done.request_counts.completed, done.request_counts.failed) == (4, 1)
+    said = f"batch {batch.id} (openai): "  # the server's log: a line per step
+    log = wait_for(server.log.read_text, lambda text: f"{said}ended completed" in text)
+    assert f"{said}received; 0 completed, 0 failed of 5" in log and f"{said}started" in log
+    assert f"{said}ended completed; 4 completed, 1 failed of 5 requests" in log
 
 
 def test_a_failed_anthropic_batch_answers_every_request_errored(serve, tmp_path, models):

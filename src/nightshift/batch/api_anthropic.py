@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from nightshift.batch.http import ApiError
-from nightshift.batch.lifecycle import mark_cancelling, new_record
+from nightshift.batch.lifecycle import announce, mark_cancelling, new_record
 from nightshift.batch.state import ServerState, Shared, keyed_router
 from nightshift.batch.store import UNFINISHED, new_id, valid_id
 
@@ -57,6 +57,7 @@ async def create_batch(request: Request, state: Shared) -> dict:
     window = state.settings.expire_after_s
     record = new_record("anthropic", batch_id, len(lines), window, endpoint="/v1/messages")
     await run_in_threadpool(state.batches.put_batch, record)
+    announce(record, "received")
     state.queue.wake()
     return message_batch(record, state.base_url)
 

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from nightshift.batch.http import ApiError
-from nightshift.batch.lifecycle import mark_cancelling, new_record
+from nightshift.batch.lifecycle import announce, mark_cancelling, new_record
 from nightshift.batch.openai import ENDPOINTS
 from nightshift.batch.state import ServerState, Shared, count_lines, keyed_router
 from nightshift.batch.store import file_object, new_id, valid_id
@@ -119,6 +119,7 @@ async def create_batch(request: Request, state: Shared) -> dict:
     )
     if not await run_in_threadpool(state.batches.put_batch, record, (input_id,)):
         raise ApiError(404, f"no such file: {input_id!r}", param="input_file_id")
+    announce(record, "received")
     state.queue.wake()
     return batch_object(record, state)
 

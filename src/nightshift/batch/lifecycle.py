@@ -8,6 +8,7 @@ so a job resumed after a kill writes to the same files.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -16,6 +17,17 @@ from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
 
 DAY_S = 24 * 3600
+log = logging.getLogger("nightshift.batch")
+
+
+def announce(record: dict[str, Any], what: str) -> None:
+    """One line of the server's log for a step of a batch: its id, the step and its
+    counts (never a request's content)."""
+    c = record["request_counts"]
+    log.info(
+        "batch %s (%s): %s; %d completed, %d failed of %d requests",
+        record["id"], record["provider"], what, c["completed"], c["failed"], c["total"],
+    )  # fmt: skip
 
 
 def new_record(
@@ -82,7 +94,10 @@ def finish(
         _set_end(r, how, errors, now)
         return r
 
-    batches.update_batch(batch_id, change)
+    ended = batches.update_batch(batch_id, change)
+    if ended is not None:
+        why = f": {ended['errors'][0]['message']}" if ended["status"] == "failed" else ""
+        announce(ended, f"ended {ended['status']}{why}")
 
 
 def _with_results(

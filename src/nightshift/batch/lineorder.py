@@ -38,6 +38,7 @@ MAX_BUCKETS = 64  # temporary files per kind: a bounded number of open files
 MIN_BUCKET = 2048  # positions a bucket holds at least
 SLICE = 256  # rows turned into Python objects at a time
 _READ_BATCH = 2048
+_READ_BUFFER = 1 << 20
 _POS = "_position"
 _TOKENS = ("prompt_tokens", "output_tokens")
 
@@ -159,7 +160,8 @@ class _Buckets:
         self.writers: dict[tuple[int, int], pa.ipc.RecordBatchFileWriter] = {}
 
     def spread(self, source: Source) -> None:
-        file = pq.ParquetFile(source.path)
+        # pages read as batches need them, not a whole shard's column chunk at once
+        file = pq.ParquetFile(source.path, pre_buffer=False, buffer_size=_READ_BUFFER)
         columns = _columns(source.kind, file.schema_arrow)
         start = 0
         for batch in file.iter_batches(batch_size=_READ_BATCH, columns=columns):

@@ -129,6 +129,13 @@ class OpenAIParser:
         self.endpoint: str | None = None
         self.endpoint_line: int | None = None
         self.dimensions: tuple[int | None, int] | None = None  # embeddings: (size, line)
+        self._asked: tuple[int | None, int] | None = None  # the last line's, until it runs
+
+    def accepted(self) -> None:
+        """The line just parsed runs (``records.convert``: its model is served too): its
+        vector size is the file's, never that of a line refused after parsing."""
+        if self.dimensions is None:
+            self.dimensions = self._asked
 
     def custom_id(self, line: dict[str, Any]) -> Any:
         return line.get("custom_id")
@@ -183,7 +190,7 @@ class OpenAIParser:
             if len(text) > MAX_INPUTS:
                 raise BadRequest(f"input: at most {MAX_INPUTS} texts per request", param="input")
         if self.dimensions is None:
-            self.dimensions = (body.dimensions, number)
+            self._asked = (body.dimensions, number)
         elif body.dimensions != self.dimensions[0]:
             raise BadRequest(
                 f"dimensions {body.dimensions} differs from this batch's "

@@ -22,10 +22,12 @@ import threading
 import time
 from typing import Any
 
+from nightshift.batch.lifecycle import announce
 from nightshift.batch.store import BatchStore
 from nightshift.errors import ObjectNotFound, UserError
 
 log = logging.getLogger(__name__)
+LOG_EVERY_S = 30.0  # a running batch's counts in the server's log at most this often
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 
@@ -91,6 +93,7 @@ class LiveCounts:
     def __init__(self, batches: BatchStore, record: dict, work_uri: str, every_s: float = 2.0):
         self.batches, self.batch_id, self.work_uri = batches, record["id"], work_uri
         self.every_s, self._done = every_s, threading.Event()
+        self._said = time.monotonic()  # when the log last had a line of its counts
         self._thread = threading.Thread(target=self._loop, name="nightshift-counts", daemon=True)
 
     def __enter__(self) -> LiveCounts:
@@ -122,4 +125,7 @@ class LiveCounts:
                 return None  # nothing new, or figures no request count may show
             return {**record, "request_counts": {**counts, **grown}}
 
-        self.batches.update_batch(self.batch_id, change)
+        grown = self.batches.update_batch(self.batch_id, change)
+        if grown is not None and time.monotonic() - self._said >= LOG_EVERY_S:
+            self._said = time.monotonic()
+            announce(grown, "running")

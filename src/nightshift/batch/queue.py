@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nightshift.batch.execute import JobStopped
+from nightshift.batch.lifecycle import announce
 from nightshift.batch.progress import expired
 from nightshift.batch.store import UNFINISHED, BatchStore
 from nightshift.errors import StoreError, UserError
@@ -183,7 +184,9 @@ class BatchQueue:
             if problems and record["status"] == "validating":
                 self._finish(record, None, f"failed: {problems[0]['message']}", problems)
                 return None
+            step = "started" if record["status"] == "validating" else "resumed"
             record = self._mark_running(batch_id) or record
+            announce(record, step)
             self.current = batch_id
             self._stop_wanted.clear()
             if record["status"] == "cancelling":

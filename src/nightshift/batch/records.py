@@ -161,9 +161,25 @@ def load_line(raw: bytes) -> Any:
     if nesting_depth(skeleton(raw)) > MAX_DEPTH:
         raise BadRequest(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", "invalid_json")
     try:
-        return json.loads(raw.decode("utf-8").removeprefix("\ufeff"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at byte {exc.start + 1}"
+        raise BadRequest(f"{problem}; save the file as UTF-8", "invalid_json") from None
+    try:
+        return json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as exc:
+        raise BadRequest(json_problem(exc, text), "invalid_json") from None
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(f"not valid JSON ({exc})"[:300], "invalid_json") from None
+
+
+def json_problem(exc: json.JSONDecodeError, text: str) -> str:
+    """A line's JSON mistake in plain words: what was expected, at which column, and the
+    text there (the decoder's own message counts lines and characters of its input)."""
+    what = exc.msg[0].lower() + exc.msg[1:]
+    near = text[exc.pos : exc.pos + 20].rstrip("\r\n")
+    shown = f", at {near!r}" if near else ", at the end of the line"
+    return f"not valid JSON: {what} at column {exc.colno}{shown}"
 
 
 def lone_surrogate(value: Any, raw: bytes) -> str | None:
@@ -273,6 +289,8 @@ def _one_line(
         check_model(request.model, served)
     except BadRequest as exc:
         return BadLine(number, custom_id, exc.code, f"line {number}: {exc}", exc.param)
+    if hasattr(parser, "accepted"):  # what the file's lines must share, from a line that runs
+        parser.accepted()
     request.model = request.model or served[0]
     return custom_id, request
 

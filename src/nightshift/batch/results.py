@@ -76,8 +76,13 @@ def choices(row: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+# Line separators other than "\n" that JSON leaves raw: str.splitlines (and so many a
+# reader of JSONL) would cut a line at them, so they go out escaped (valid JSON still).
+_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def dumps(line: dict[str, Any]) -> str:
-    return json.dumps(line, ensure_ascii=False) + "\n"
+    return json.dumps(line, ensure_ascii=False).translate(_SEPARATORS) + "\n"
 
 
 def bad_line_answer(bad: BadLine) -> Answer:

@@ -6,8 +6,6 @@ a bad --set), 1 when the engine or the run fails, 3 after a graceful stop.
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from nightshift.cli.jobs import user_errors
@@ -86,7 +84,7 @@ def run(
             served_names=served_model_name or None,
             overrides=overrides or None,
             work_url=work,
-            progress=not quiet and sys.stderr.isatty(),
+            progress=not quiet,  # a bar on a terminal, else a line every 30 s (a log)
             adapters=adapter_options(adapters or []),
         )
     if outcome.stopped:
@@ -102,6 +100,23 @@ def run(
         f"{outcome.total:,} requests; tokens: {outcome.input_tokens:,} in "
         f"({outcome.cached_tokens:,} cached), {outcome.output_tokens:,} out; output: {where}"
     )
+    if outcome.report:
+        typer.echo(cost_line(outcome.report))
+
+
+def cost_line(report: dict) -> str:
+    """This run's time, what it cost (or why no price applies) and where its report is."""
+    times, cost = report.get("time_s") or {}, report.get("cost") or {}
+    took = (
+        f"time: {times.get('total', 0):,.1f} s (engine start-up "
+        f"{times.get('engine_startup', 0):,.1f} s, generation {times.get('generate', 0):,.1f} s)"
+    )
+    if cost.get("priced"):
+        per = (cost.get("usd_per_million_tokens") or {}).get("total", 0)
+        price = f"cost: ${cost.get('usd_total', 0):,.4f} (${per:,.4f} per 1M tokens)"
+    else:
+        price = f"cost: {cost.get('note') or 'not priced'}"
+    return f"{took}; {price}; report: {report.get('report', '')}"
 
 
 def adapter_options(items: list[str]) -> dict[str, str]:

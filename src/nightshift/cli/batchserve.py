@@ -93,6 +93,7 @@ def serve(
         public_url=check_public_url(public_url) if public_url is not None else None,
     )
     check_settings(settings)
+    _log_batches()
     typer.echo(f"nightshift batch serve: http://{host}:{port}/v1 (store {store})", err=True)
     try:
         with raising_signals():
@@ -103,6 +104,19 @@ def serve(
         typer.echo(
             "nightshift batch serve: stopped; unfinished batches resume at the next start", err=True
         )
+
+
+def _log_batches() -> None:
+    """A line on stderr per step of each batch (received, started, its counts while it
+    runs, ended), with the time: ``lifecycle.announce``."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger = logging.getLogger("nightshift.batch")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    logger.propagate = False  # one line each, whatever else configures the root logger
 
 
 def register(app: typer.Typer) -> None:
