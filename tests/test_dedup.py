@@ -223,3 +223,13 @@ def test_copies_follow_their_original_and_the_shards_run_in_order(models, tmp_pa
         else:
             assert row["answered_from"] == original["record_id"]
             assert row["shard"] == original["shard"]
+
+
+def test_jobs_plan_says_how_many_records_repeat_another(models, tmp_path, write_spec):
+    from typer.testing import CliRunner
+
+    from nightshift.cli import app
+
+    result = CliRunner().invoke(app, ["jobs", "plan", str(write_spec(_job(models, tmp_path)))])
+    assert result.exit_code == 0, result.output
+    assert f"repeated prompts: {RECORDS - DISTINCT} record(s) repeat" in result.output

@@ -97,6 +97,7 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"output tokens at most {t['output_at_most']:,}",
     ]
     lines += [f"  rejected: {n:,} x {reason}" for reason, n in summary["rejects_by_kind"].items()]
+    lines.append(_repeats_line(summary.get("repeats") or {}))
     lines += [
         f"shards: {shards['count']:,} (largest {shards['records_max']:,} records, "
         f"{shards['prompt_tokens_max']:,} prompt tokens)",
@@ -116,3 +117,14 @@ def summary_text(summary: dict[str, Any]) -> str:
         lines.append(f"plan written to {summary['written_to']}")
     lines += [f"warning: {w}" for w in summary.get("warnings", [])]
     return "\n".join(lines)
+
+
+def _repeats_line(repeats: dict[str, int]) -> str:
+    """Records whose prompt repeats another's (scheduling.dedup): answered from it."""
+    copies = repeats.get("copies", 0)
+    if not copies:
+        return "repeated prompts: none (every runnable record is sent to the engine)"
+    return (
+        f"repeated prompts: {copies:,} record(s) repeat an earlier record's prompt and get "
+        f"its answer, not sent ({repeats.get('prompt_tokens_not_sent', 0):,} prompt tokens saved)"
+    )
