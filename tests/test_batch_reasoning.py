@@ -95,3 +95,35 @@ def test_reasoning_settings_for_a_model_that_does_not_reason_are_refused(models,
     assert "model.reasoning" in errors["effort"]["response"]["body"]["error"]["message"]
     body = ChatCompletion.model_validate(answers["none"]["response"]["body"])
     assert body.choices[0].message.model_extra.get("reasoning_content") is None
+
+
+def test_batch_serve_honours_reasoning_for_both_official_clients(serve, thinker):  # noqa: F811
+    from .batchserver import (
+        FAKE,
+        anthropic_request,
+        chat_line,
+        finished,
+        openai_batch,
+        output_lines,
+        wait_for,
+    )
+
+    server = serve(*FAKE, model=thinker)
+    client = server.openai()
+    lines = [chat_line("c", "Where is my order?", reasoning_effort="low", max_tokens=40)]
+    done = finished(client, openai_batch(client, lines).id)
+    assert done.status == "completed", done
+    [line] = output_lines(client, done.output_file_id)
+    body = ChatCompletion.model_validate(line["response"]["body"])
+    assert body.choices[0].message.reasoning_content
+    assert 0 < body.usage.completion_tokens_details.reasoning_tokens <= 38
+    messages = server.anthropic().messages.batches
+    thinking = {"type": "enabled", "budget_tokens": 5}
+    batch = messages.create(
+        requests=[anthropic_request("a", "Hi", max_tokens=30, thinking=thinking)]
+    )
+    wait_for(lambda: messages.retrieve(batch.id), lambda b: b.processing_status == "ended")
+    [result] = list(messages.results(batch.id))
+    assert isinstance(result, MessageBatchIndividualResponse)
+    block, text = result.result.message.content
+    assert block.type == "thinking" and len(block.thinking.split()) <= 5 and text.type == "text"
