@@ -140,6 +140,9 @@ def verdict(points: dict, summary: dict) -> dict:
         "sweep_best_same_answers": {"point": list(best), **same[best]},
         "tune_pick": {"point": list(pick) if pick else None, "why": chosen.get("why")},
         "pick_over_best": ratio and round(ratio, 4),
+        "predicted_gain": chosen.get("speedup_over_job"),
+        "sweep_gain": pick
+        and round(points[pick]["tokens_per_s"] / points[JOB_POINT]["tokens_per_s"], 4),
         "pick_within_5_percent": bool(ratio and ratio >= 0.95),
         "sample_share_of_job_generate": shares,
         "sample_within_10_percent": max(shares.values()) <= 0.10,
