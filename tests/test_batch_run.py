@@ -378,3 +378,19 @@ def test_the_summary_says_time_cost_and_report_and_a_log_gets_progress_lines(mod
     assert error["message"] == (
         "line 2: not valid JSON: expecting ',' delimiter at column 19, at '\"body\": {}}'"
     )
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b'{"custom_id": "a", "body": {}\n', "the line ends before its JSON does"),
+        (b'{"a": 1 "b": 2}\n', "expecting ',' delimiter at column 9, at '\"b\": 2}'"),
+        (b"\xff{}", "not UTF-8 text: byte 0xff at byte 1"),
+    ],
+)
+def test_a_bad_json_line_is_told_in_plain_words(raw, said):
+    from nightshift.batch.records import BadRequest, load_line
+
+    with pytest.raises(BadRequest, match="^not ") as caught:
+        load_line(raw)
+    assert said in str(caught.value) and "char " not in str(caught.value)

@@ -161,7 +161,7 @@ def load_line(raw: bytes) -> Any:
     if nesting_depth(skeleton(raw)) > MAX_DEPTH:
         raise BadRequest(f"not valid JSON: nested deeper than {MAX_DEPTH} levels", "invalid_json")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").rstrip("\r\n")  # a mistake at its end is on this line
     except UnicodeDecodeError as exc:
         problem = f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at byte {exc.start + 1}"
         raise BadRequest(f"{problem}; save the file as UTF-8", "invalid_json") from None
@@ -177,9 +177,13 @@ def json_problem(exc: json.JSONDecodeError, text: str) -> str:
     """A line's JSON mistake in plain words: what was expected, at which column, and the
     text there (the decoder's own message counts lines and characters of its input)."""
     what = exc.msg[0].lower() + exc.msg[1:]
-    near = text[exc.pos : exc.pos + 20].rstrip("\r\n")
-    shown = f", at {near!r}" if near else ", at the end of the line"
-    return f"not valid JSON: {what} at column {exc.colno}{shown}"
+    near = text[exc.pos : exc.pos + 20]
+    if not near:
+        return (
+            f"not valid JSON: the line ends before its JSON does ({what} at column "
+            f"{exc.colno}); is it cut short, or missing a closing }} or ]?"
+        )
+    return f"not valid JSON: {what} at column {exc.colno}, at {near!r}"
 
 
 def lone_surrogate(value: Any, raw: bytes) -> str | None:
