@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nightshift.capacity.gpus import GPUS, GpuSpec, find_gpu
+from nightshift.capacity.gpus import GPUS, GpuSpec, find_gpu, gpu_for_device
 from nightshift.capacity.predict import (
     Batch,
     EngineSettings,
@@ -21,7 +21,14 @@ from nightshift.capacity.predict import (
     predict,
 )
 from nightshift.capacity.published import FIGURES, LLAMA_3_8B, LLAMA_3_70B, error, predict_figure
-from nightshift.capacity.roofline import ARITHMETIC, BANDWIDTH, Hardware, decode_pass, roofline
+from nightshift.capacity.roofline import (
+    ARITHMETIC,
+    BANDWIDTH,
+    Hardware,
+    decode_pass,
+    hardware,
+    roofline,
+)
 from nightshift.capacity.shape import model_shape
 from nightshift.cli import app
 from nightshift.errors import SpecError
@@ -183,14 +190,13 @@ def test_a_70b_job_plans_from_its_config_alone(models, ticket_dir, tmp_path, wri
     spec_data = spec_dict(model, ticket_dir, tmp_path / "out")
     spec_data["model"] = {"path": str(model), "max_model_len": 8192}
     spec = write_spec(spec_data)
-    c = plan_json(spec, "--gpu", "h100", "--gpus", "4", "--set", "engine.kv_cache_dtype=auto")[
-        "capacity"
-    ]
+    tp4 = ("--set", "engine.kv_cache_dtype=auto", "--set", "engine.tensor_parallel_size=4")
+    c = plan_json(spec, "--gpu", "h100", "--gpus", "4", *tp4)["capacity"]
     assert c["model"]["kv_bytes_per_token"] == {"model_dtype": 327_680, "fp8": 163_840}
     assert c["model"]["weights_gib"] == pytest.approx(70.55e9 * 2 / 2**30, rel=1e-3)
     assert c["memory"]["kv_bytes_per_token"] == 327_680 and c["tokens_per_s"] > 0
     result = runner.invoke(app, ["jobs", "plan", str(spec), "--gpu", "h100", "--gpus", "1"])
-    assert result.exit_code == 2 and "--gpus" in result.output and "pass --gpus" in result.output
+    assert result.exit_code == 2 and "set engine.tensor_parallel_size to" in result.output
 
 
 def test_gpu_without_a_model_config_names_model_path(models, ticket_dir, tmp_path, write_spec):
@@ -207,10 +213,52 @@ def test_gpu_without_a_model_config_names_model_path(models, ticket_dir, tmp_pat
 
 def test_spec_overrides_gpus_and_efficiency(models, ticket_dir, tmp_path, write_spec):
     fast = {"memory_gib": 80.0, "bandwidth_gbs": 33500.0, "bf16_tflops": 9890.0}
+    fast["fp32_tflops"] = 670.0  # the test model is float32: its FP32 units count
     capacity = {"gpus": {"h100x10": fast}, "bandwidth_efficiency": 0.5, "output_tokens": 4}
+    capacity["step_overhead_s"] = 0  # the pure roofline scales with the GPU
     spec = write_spec(spec_dict(models["chat"], ticket_dir, tmp_path / "out", capacity=capacity))
     base = plan_json(spec, "--gpu", "h100")["capacity"]
     quick = plan_json(spec, "--gpu", "H100x10")["capacity"]
     assert quick["gpu"]["efficiency"]["bandwidth"] == 0.5
     assert quick["tokens_per_s"] == pytest.approx(10 * base["tokens_per_s"], rel=1e-6)
     assert base["output_tokens"] == {"per_record": 4, "source": "capacity.output_tokens"}
+
+
+def test_float32_weights_run_on_the_fp32_units_not_the_tensor_cores():
+    h100 = GPUS["h100"]
+    fp32 = hardware("h100", h100, 1, 4, 0.64, 0.54)
+    bf16 = hardware("h100", h100, 1, 2, 0.64, 0.54)
+    assert fp32.compute_dtype == "fp32" and fp32.flops == pytest.approx(67e12 * 0.54)
+    assert bf16.compute_dtype == "bf16" and bf16.flops / fp32.flops == pytest.approx(989 / 67)
+
+
+def test_every_pass_pays_the_engines_step_cost():
+    shape = model_shape(LLAMA_3_8B)
+    bare = hardware("h200", GPUS["h200"], 1, 2, 0.64, 0.54)
+    stepped = hardware("h200", GPUS["h200"], 1, 2, 0.64, 0.54, step_s=0.003)
+    one, two = decode_pass(shape, bare, 1, 512, 131072), decode_pass(shape, stepped, 1, 512, 131072)
+    assert two.seconds == pytest.approx(one.seconds + 0.003)
+    assert two.as_dict()["step_s"] == 0.003
+
+
+def test_gpus_are_data_parallel_workers_each_on_its_tensor_parallel_group():
+    shape = model_shape(LLAMA_3_8B)
+    hw = hardware("h100", GPUS["h100"], 1, 2, 0.64, 0.54, step_s=0.003)
+    settings = EngineSettings("auto", 256, 8192, 0.9)
+    work = fixed_length_workload(20_000, 512, 256)
+    one = predict(shape, hw, work, settings, 2)
+    four = predict(shape, hw, work, settings, 2, workers=4)
+    assert four.batch.size == one.batch.size == 256  # each engine's own batch
+    assert four.seconds == pytest.approx(one.seconds / 4, rel=0.01)
+    assert four.tokens_per_s == pytest.approx(4 * one.tokens_per_s, rel=0.01)
+
+
+def test_h100_and_h200_forms_are_matched_by_name_never_by_substring():
+    assert gpu_for_device("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_for_device("NVIDIA H100 PCIe") == "h100-pcie"
+    assert gpu_for_device("NVIDIA H100 NVL") == "h100-nvl"
+    assert gpu_for_device("NVIDIA H200") == "h200"
+    assert gpu_for_device("NVIDIA H200 NVL") == "h200-nvl"
+    assert gpu_for_device("NVIDIA GH200 480GB") is None
+    assert gpu_for_device("NVIDIA L40S") == "l40s" and gpu_for_device("NVIDIA L4") == "l4"
+    assert GPUS["h100-pcie"].bandwidth_gbs < GPUS["h100"].bandwidth_gbs

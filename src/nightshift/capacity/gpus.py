@@ -24,6 +24,11 @@ class GpuSpec(_Section):
     fp8_tflops: float | None = Field(
         default=None, gt=0, description="Dense FP8 tensor TFLOP/s; none where FP8 has no units."
     )
+    # vLLM runs float32 models with float32_matmul_precision "highest" (vllm 0.33.0
+    # v1/worker/gpu_worker.py:218-220): no tensor cores, no TF32, the plain FP32 units.
+    fp32_tflops: float | None = Field(
+        default=None, gt=0, description="FP32 (non-tensor) TFLOP/s, for float32 weights."
+    )
     source: str = Field(default="spec", description="Where the figures come from.")
 
 
@@ -33,6 +38,7 @@ GPUS: dict[str, GpuSpec] = {
         bandwidth_gbs=3350,
         bf16_tflops=989,
         fp8_tflops=1979,
+        fp32_tflops=67,
         source="H100 SXM 80GB: https://www.nvidia.com/en-us/data-center/h100/",
     ),
     "h200": GpuSpec(
@@ -40,12 +46,39 @@ GPUS: dict[str, GpuSpec] = {
         bandwidth_gbs=4800,
         bf16_tflops=989,
         fp8_tflops=1979,
+        fp32_tflops=67,
         source="H200 SXM 141GB: https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    # The H100's other forms: matched by name, never taken for the SXM (local_gpu).
+    "h100-pcie": GpuSpec(
+        memory_gib=79.6,
+        bandwidth_gbs=2000,
+        bf16_tflops=756,
+        fp8_tflops=1513,
+        fp32_tflops=51,
+        source="H100 PCIe 80GB: https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    "h100-nvl": GpuSpec(
+        memory_gib=93.6,
+        bandwidth_gbs=3900,
+        bf16_tflops=835,
+        fp8_tflops=1671,
+        fp32_tflops=60,
+        source="H100 NVL 94GB: https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    "h200-nvl": GpuSpec(
+        memory_gib=139.8,
+        bandwidth_gbs=4800,
+        bf16_tflops=835,
+        fp8_tflops=1671,
+        fp32_tflops=60,
+        source="H200 NVL 141GB: https://www.nvidia.com/en-us/data-center/h200/",
     ),
     "a100": GpuSpec(
         memory_gib=80.0,
         bandwidth_gbs=2039,
         bf16_tflops=312,
+        fp32_tflops=19.5,
         source="A100 SXM 80GB: https://www.nvidia.com/en-us/data-center/a100/",
     ),
     "l40s": GpuSpec(
@@ -53,6 +86,7 @@ GPUS: dict[str, GpuSpec] = {
         bandwidth_gbs=864,
         bf16_tflops=362,
         fp8_tflops=733,
+        fp32_tflops=91.6,
         source="L40S 48GB: https://www.nvidia.com/en-us/data-center/l40s/",
     ),
     "l4": GpuSpec(
@@ -60,9 +94,54 @@ GPUS: dict[str, GpuSpec] = {
         bandwidth_gbs=300,
         bf16_tflops=121,
         fp8_tflops=242,
+        fp32_tflops=30.3,
         source="L4 24GB: https://www.nvidia.com/en-us/data-center/l4/",
     ),
 }
+
+
+# nvidia-smi's name of each GPU the table holds, the longest pattern first; an H100 or
+# H200 whose form this list does not name is no row (rather than taken for the SXM).
+DEVICE_NAMES = (
+    ("h100 nvl", "h100-nvl"),
+    ("h100 pcie", "h100-pcie"),
+    ("h100 80gb hbm3", "h100"),
+    ("h100 sxm", "h100"),
+    ("h200 nvl", "h200-nvl"),
+    ("h200", "h200"),
+    ("a100", "a100"),
+    ("l40s", "l40s"),
+    ("l4", "l4"),
+)
+
+
+def gpu_for_device(device: str) -> str | None:
+    """The table's name for a device as nvidia-smi or torch names it, matched explicitly:
+    "NVIDIA H100 PCIe" is h100-pcie, "NVIDIA H100 80GB HBM3" the SXM; None if unknown."""
+    device = device.lower()
+    if "gh200" in device or "gb200" in device:  # Grace Hopper/Blackwell: not in the table
+        return None
+    if "h200" in device and "nvl" not in device:
+        return "h200"
+    return next((gpu for pattern, gpu in DEVICE_NAMES if pattern in device), None)
+
+
+def local_gpu() -> str | None:
+    """The table's name for this host's first GPU, from ``nvidia-smi`` (not torch.cuda:
+    CUDA initialised in nightshift's own process makes vLLM spawn every later engine)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    query = [smi, "--query-gpu=name", "--format=csv,noheader"]
+    try:
+        names = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = names.strip().splitlines()
+    return gpu_for_device(lines[0]) if lines else None
 
 
 def find_gpu(name: str, overrides: dict[str, GpuSpec] | None = None) -> GpuSpec:

@@ -57,6 +57,19 @@ class Workload:
     def mean(self, tokens: float) -> float:
         return tokens / self.records if self.records else 0.0
 
+    def share(self, workers: int) -> Workload:
+        """One of ``workers`` data-parallel engines' even share of the job."""
+        if workers <= 1:
+            return self
+        n = workers
+        return Workload(
+            math.ceil(self.records / n),
+            math.ceil(self.prompt_tokens / n),
+            self.cached_tokens // n,
+            self.attended / n,
+            self.output_per_record,
+        )
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -111,7 +124,8 @@ class Prediction:
     decode: PassTime  # one decode pass of the batch that fits
     prefill_s: float
     decode_s: float
-    work: Workload
+    work: Workload  # the whole job
+    workers: int = 1  # data-parallel engines sharing it; ``seconds`` is one share's time
 
     @property
     def seconds(self) -> float:
@@ -140,9 +154,16 @@ class Prediction:
 
 
 def predict(
-    shape: ModelShape, hw: Hardware, work: Workload, settings: EngineSettings, kv_width: float
+    shape: ModelShape,
+    hw: Hardware,
+    whole: Workload,
+    settings: EngineSettings,
+    kv_width: float,
+    workers: int = 1,
 ) -> Prediction:
-    """Predict a job; raises ``DoesNotFit`` when the weights leave no room for a cache."""
+    """Predict a job run by ``workers`` engines on ``hw`` each (data parallel: an even
+    share each, all at once); raises ``DoesNotFit`` when the weights leave no room."""
+    work = whole.share(workers)
     kv_bytes = shape.kv_bytes_per_token(kv_width)
     cache = kv_cache_bytes(shape, hw, settings.gpu_memory_utilization)
     batch = batch_that_fits(work, settings, cache, kv_bytes)
@@ -153,7 +174,7 @@ def predict(
     context = work.mean(work.prompt_tokens) + work.output_per_record / 2
     decode = decode_pass(shape, hw, batch.size, context, kv_bytes)
     decode_s = work.output_tokens / batch.size * decode.seconds
-    return Prediction(batch, prefill, decode, passes * prefill.seconds, decode_s, work)
+    return Prediction(batch, prefill, decode, passes * prefill.seconds, decode_s, whole, workers)
 
 
 def fixed_length_workload(records: int, prompt: int, output: int, cached: int = 0) -> Workload:

@@ -5,7 +5,9 @@ A decode pass reads every weight once for the whole batch plus each record's KV 
 and does two FLOPs per weight per record: it waits on memory until the batch is large.
 A prefill pass computes many prompt tokens against one read of the weights: it waits on
 arithmetic. Tensor-parallel GPUs are counted as one GPU with their sum of memory,
-bandwidth and FLOP/s (the exchanges between them are not modelled).
+bandwidth and FLOP/s (the exchanges between them are not modelled). Each pass also
+costs the engine a fixed time of its own (``capacity.step_overhead_s``): scheduling,
+input preparation, kernel launches and sampling, which dominate a small model's pass.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Hardware:
     bandwidth: float  # bytes/s reached
     flops: float  # FLOP/s reached
     compute_dtype: str  # fp8 when the weights are 8-bit and the GPU has FP8 units
+    step_s: float = 0.0  # the engine's own time per pass (scheduling, launch, sampling)
 
 
 def hardware(
@@ -39,16 +42,24 @@ def hardware(
     weight_bytes: float,
     bandwidth_eff: float,
     compute_eff: float,
+    step_s: float = 0.0,
 ) -> Hardware:
-    fp8 = weight_bytes <= 1 and gpu.fp8_tflops is not None
-    tflops = gpu.fp8_tflops if fp8 else gpu.bf16_tflops
+    """One engine's GPUs (``gpus``: its tensor-parallel group). Float32 weights run on the
+    FP32 units (a fifteenth of an H100's BF16 tensor rate), 8-bit ones on FP8's."""
+    if weight_bytes >= 4:
+        dtype, tflops = "fp32", gpu.fp32_tflops or gpu.bf16_tflops / 16
+    elif weight_bytes <= 1 and gpu.fp8_tflops is not None:
+        dtype, tflops = "fp8", gpu.fp8_tflops
+    else:
+        dtype, tflops = "bf16", gpu.bf16_tflops
     return Hardware(
         name=name,
         gpus=gpus,
         memory_bytes=gpus * gpu.memory_gib * 2**30,
         bandwidth=gpus * gpu.bandwidth_gbs * 1e9 * bandwidth_eff,
         flops=gpus * tflops * 1e12 * compute_eff,
-        compute_dtype="fp8" if fp8 else "bf16",
+        compute_dtype=dtype,
+        step_s=step_s,
     )
 
 
@@ -58,10 +69,11 @@ class PassTime:
     flops: float
     memory_s: float  # bytes over bandwidth
     compute_s: float  # FLOPs over throughput
+    step_s: float = 0.0  # the engine's fixed cost per pass, on top
 
     @property
     def seconds(self) -> float:
-        return max(self.memory_s, self.compute_s)
+        return max(self.memory_s, self.compute_s) + self.step_s
 
     @property
     def limit(self) -> str:
@@ -75,11 +87,12 @@ class PassTime:
             "flops": self.flops,
             "memory_s": self.memory_s,
             "compute_s": self.compute_s,
+            "step_s": self.step_s,
         }
 
 
 def roofline(bytes_moved: float, flops: float, hw: Hardware) -> PassTime:
-    return PassTime(bytes_moved, flops, bytes_moved / hw.bandwidth, flops / hw.flops)
+    return PassTime(bytes_moved, flops, bytes_moved / hw.bandwidth, flops / hw.flops, hw.step_s)
 
 
 def decode_pass(

@@ -10,6 +10,10 @@ from nightshift.capacity.gpus import GpuSpec, _Section
 # docs/capacity.md): the same two factors for every GPU, model and engine.
 BANDWIDTH_EFFICIENCY = 0.64
 COMPUTE_EFFICIENCY = 0.54
+# The engine's own time per pass, on top of the roofline: vLLM's scheduler, input
+# preparation, launches and sampling. An assumption (a few ms with CUDA graphs), not yet
+# measured on a GPU with vLLM; it sets the floor for small models and tiny batches.
+STEP_OVERHEAD_S = 0.003
 
 
 class CapacitySpec(_Section):
@@ -29,6 +33,12 @@ class CapacitySpec(_Section):
         gt=0,
         le=1,
         description="Share of the data-sheet dense tensor FLOP/s a pass reaches.",
+    )
+    step_overhead_s: float = Field(
+        default=STEP_OVERHEAD_S,
+        ge=0,
+        description="The engine's own seconds per pass (scheduling, launches, sampling), "
+        "added to each prefill and decode pass: the floor under a small model's step.",
     )
     output_tokens: int | None = Field(
         default=None,

@@ -77,15 +77,22 @@ class Planner:
 
     @property
     def hardware(self) -> Hardware:
+        """One engine's GPUs: engine.tensor_parallel_size of them."""
         c = self.spec.capacity
         return hardware(
             self.gpu_name,
             self.gpu,
-            self.gpus,
+            self.spec.engine.tensor_parallel_size,
             self.shape.weight_bytes,
             c.bandwidth_efficiency,
             c.compute_efficiency,
+            c.step_overhead_s,
         )
+
+    @property
+    def workers(self) -> int:
+        """Engines on ``gpus``: data parallel, one per tensor-parallel group (--workers)."""
+        return max(1, self.gpus // self.spec.engine.tensor_parallel_size)
 
     @property
     def settings(self) -> EngineSettings:
@@ -132,8 +139,11 @@ def prepare(spec: JobSpec, gpu: str, gpus: int | None, output_tokens: int | None
     try:
         kv_cache_bytes(shape, planner.hardware, spec.engine.gpu_memory_utilization)
     except DoesNotFit as exc:
+        tp, need = spec.engine.tensor_parallel_size, exc.gpus_needed
         raise SpecError(
-            "--gpus", f"{count} x {gpu}: {exc}", f"pass --gpus {exc.gpus_needed}"
+            "engine.tensor_parallel_size",
+            f"{tp} x {gpu} per engine: {exc}",
+            f"set engine.tensor_parallel_size to {need} and pass --gpus {need} (or a multiple)",
         ) from None
     return planner
 
@@ -181,8 +191,9 @@ def _levers(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any]) -> l
     price, rows = planner.spec.cost.usd_per_gpu_hour, []
     for label, settings, scale in variants:
         work = plan_workload(records, out, scale)
-        p = predict(planner.shape, hw, work, settings, planner.kv_width(settings.kv_cache_dtype))
-        rows.append({"lever": label, **headline(p, price, hw.gpus)})
+        width = planner.kv_width(settings.kv_cache_dtype)
+        p = predict(planner.shape, hw, work, settings, width, planner.workers)
+        rows.append({"lever": label, **headline(p, price, planner.gpus)})
     return rows
 
 
@@ -208,6 +219,8 @@ def _hardware_facts(planner: Planner) -> dict[str, Any]:
     return {
         "name": planner.gpu_name,
         "gpus": planner.gpus,
+        "workers": planner.workers,  # data-parallel engines, each on these GPUs:
+        "gpus_per_engine": hw.gpus,  # engine.tensor_parallel_size
         **planner.gpu.model_dump(),
         "compute_dtype": hw.compute_dtype,
         "efficiency": {"bandwidth": c.bandwidth_efficiency, "compute": c.compute_efficiency},
@@ -232,12 +245,17 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
     settings, hw = planner.settings, planner.hardware
     width = planner.kv_width(settings.kv_cache_dtype)
     work = plan_workload(records, planner.output_per_record)
-    p = predict(planner.shape, hw, work, settings, width)
+    p = predict(planner.shape, hw, work, settings, width, planner.workers)
     uncached = predict(
-        planner.shape, hw, plan_workload(records, work.output_per_record, 0), settings, width
+        planner.shape,
+        hw,
+        plan_workload(records, work.output_per_record, 0),
+        settings,
+        width,
+        planner.workers,
     )
     return {
-        **headline(p, planner.spec.cost.usd_per_gpu_hour, hw.gpus),
+        **headline(p, planner.spec.cost.usd_per_gpu_hour, planner.gpus),
         "advice": ADVICE[p.binding],
         "gpu": _hardware_facts(planner),
         "model": _model_facts(planner),
@@ -256,8 +274,10 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
             "seconds_saved": uncached.seconds - p.seconds,
         },
         "levers": _levers(planner, records, reuse),
-        "note": "a roofline estimate: engine start-up, the ramp and tail of the job and "
-        "exchanges between tensor-parallel GPUs are not included",
+        "note": "a roofline estimate plus capacity.step_overhead_s per pass (an assumption, "
+        "not yet measured with vLLM on a GPU); engine start-up, the ramp and tail of the "
+        "job and exchanges between tensor-parallel GPUs are not included. The efficiency "
+        "factors are calibrated on TensorRT-LLM's published figures, not vLLM's",
     }
 
 
@@ -306,7 +326,8 @@ def capacity_text(c: dict[str, Any]) -> list[str]:
     lines = [
         f"capacity on {g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB, "
         f"{g['bandwidth_gbs']:,.0f} GB/s, {g['compute_dtype']} at {eff['bandwidth']:.0%} of "
-        f"bandwidth and {eff['compute']:.0%} of FLOP/s):",
+        f"bandwidth and {eff['compute']:.0%} of FLOP/s; {g['workers']} engine(s) of "
+        f"{g['gpus_per_engine']} GPU(s), data parallel as --workers):",
         f"  model: {_count(m['parameters'])} parameters ({m['weights_gib']:,.1f} GiB), "
         f"{m['layers']} layers, {m['kv_heads']} KV heads x {m['head_dim']}; KV bytes/token "
         f"{m['kv_bytes_per_token']['model_dtype']:,} in the model's dtype, "

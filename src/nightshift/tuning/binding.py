@@ -64,19 +64,11 @@ def _binding(f: dict[str, Any]) -> str | None:
 
 
 def local_gpu() -> str | None:
-    """The planner's name for this machine's GPU (``h200`` for an NVIDIA H200), if any."""
-    from nightshift.capacity.gpus import GPUS
+    """The planner's name for this machine's GPU (``h200`` for an NVIDIA H200), if any;
+    an H100's PCIe and NVL forms by their own rows (``capacity.gpus.gpu_for_device``)."""
+    from nightshift.capacity.gpus import local_gpu as from_driver
 
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        device = torch.cuda.get_device_name(0).lower()
-    except Exception:  # no torch CUDA build, no driver
-        return None
-    # the longest name first: "l40s" before "l4"
-    return next((g for g in sorted(GPUS, key=len, reverse=True) if g in device), None)
+    return from_driver()
 
 
 def predicted_limit(
