@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nightshift.errors import RecordError
 from nightshift.evaluation.agreement import agreement, answers
 from nightshift.io.inputs import write_records
 from nightshift.io.planstore import CANARY_DIR
@@ -45,6 +46,11 @@ from nightshift.running.engines import EnginePool
 from nightshift.running.runner import JobRun
 
 MIN_RECORDS = 8  # a canary of a small job still compares this many records
+LOOK_AT = 50_000  # records whose own sampling is read to find the deterministic ones
+NONE_DETERMINISTIC = (
+    "no record's answers are deterministic (input.sampling_column: temperature above 0, "
+    "no seed): no two runs agree"
+)
 
 
 RunSide = Callable[..., Any]  # pipelines.direct.run_job, passed in: direct calls us
@@ -75,11 +81,14 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
     changing = answer_changing(spec)
     found = {"settings": changing, "reference": reference_sets(spec)}
     reason = _nothing_to_compare(spec, changing)
-    ids = [] if reason else sample_ids(job)
+    ids, sampled = ([], 0) if reason else sample_ids(job)
     if not ids:
         fell_back = reason and set(changing) == {KV} and reason.startswith("engine.kv_cache")
         again = {"measure_again": True} if fell_back else {}  # this machine's, not the job's
-        return {**found, "status": NOTHING, "reason": reason or "no record to sample", **again}
+        reason = reason or (NONE_DETERMINISTIC if sampled else "no record to sample")
+        return {**found, "status": NOTHING, "reason": reason, **again}
+    if sampled:  # records whose own sampling is random: two runs of them never agree
+        found["records_left_out_sampled"] = sampled
     runs = {side: job.output.store.uri(f"{CANARY_DIR}/{side}") for side in ("reference", "job")}
     cache = f"{CANARY_DIR}/cache"
     with tempfile.TemporaryDirectory(prefix="nightshift-canary-") as tmp:
@@ -98,6 +107,8 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
     fallback = (engine.info.settings or {}).get("kv_cache_fallback")
     if fallback and set(changing) == {KV}:  # the job's engine fell back at its start
         return {**found, "status": NOTHING, "reason": fallback, "runs": runs, "measure_again": True}
+    if fallback:  # another setting (a narrower model.dtype) still changes answers
+        found["kv_cache_fallback"] = fallback
     return {
         **found,
         "status": "measured",
@@ -110,14 +121,47 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
     }
 
 
-def sample_ids(job: JobRun) -> list:
+def sample_ids(job: JobRun) -> tuple[list, int]:
     """About ``run.canary.records`` record ids (at most a tenth of the job, at least
-    ``MIN_RECORDS``), evenly spaced over the plan's order: a plan groups records by
-    prefix and length, so its head alone would be no fair sample."""
+    ``MIN_RECORDS``), evenly spaced over the plan's order (a plan groups records by
+    prefix and length, so its head alone would be no fair sample), of the records whose
+    answers are deterministic; and how many records looked at were left out as sampled
+    (``input.sampling_column``: temperature above 0, no seed)."""
     files = job.manifest.get("records_files", [])
     ids = [i for i in job.output.plans.read_column(files, "record_id").to_pylist() if i is not None]
     count = min(len(ids), job.spec.run.canary.records, max(MIN_RECORDS, len(ids) // 10))
+    if count and job.spec.input.sampling_column is not None:
+        looked = _spaced(ids, min(len(ids), LOOK_AT))
+        ids = deterministic_ids(job.spec, looked)
+        count, sampled = min(count, len(ids)), len(looked) - len(ids)
+        return _spaced(ids, count), sampled
+    return _spaced(ids, count), 0
+
+
+def _spaced(ids: list, count: int) -> list:
     return [ids[int(k * len(ids) / count)] for k in range(count)] if count else []
+
+
+def deterministic_ids(spec: JobSpec, ids: list) -> list:
+    """Those of ``ids`` whose record's own sampling (``input.sampling_column`` over the
+    job's) answers the same every time: temperature 0 or a seed."""
+    import pyarrow.compute as pc
+
+    from nightshift.io.inputs import open_input
+    from nightshift.jobs.sampling import SamplingColumn, deterministic
+
+    id_column, column = spec.input.id_column, spec.input.sampling_column
+    table = open_input(spec.input.path, spec.output.path).to_table(
+        columns=[id_column, column], filter=pc.field(id_column).isin(ids)
+    )
+    samplings, keep = SamplingColumn(spec), set()
+    for record, text in zip(table[id_column].to_pylist(), table[column].to_pylist(), strict=True):
+        try:
+            if deterministic(samplings.sampling(text)):
+                keep.add(record)
+        except RecordError:  # rejected at planning: not in the sample anyway
+            continue
+    return [i for i in ids if i in keep]
 
 
 def _side(
@@ -125,6 +169,8 @@ def _side(
 ) -> JobSpec:
     """``spec`` as one side of the canary runs it: on ``sample`` into ``out``."""
     data = spec.model_dump(mode="json", by_alias=True)
+    if spec.task.kind == "embed":  # its sampling is the validator's placeholder, not the user's
+        data.pop("sampling", None)
     for key, value in {
         **sets,
         "input.path": str(sample),

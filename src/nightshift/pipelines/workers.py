@@ -38,6 +38,7 @@ from nightshift.jobs.loading import load_spec
 from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
 from nightshift.pipelines.stops import cancelled_state, graceful_stop
+from nightshift.running.canary import wait_for_canary
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, start_run
@@ -69,6 +70,8 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
     check_engine_spec(spec)
     with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
         job = start_run(spec, progress=False, retry_in_place=False, as_worker=True)
+        # the canary's measure under this worker's run.canary keys: none claimed below it
+        wait_for_canary(spec, job.output, stop.requested, log.warning)
         worker_id = f"{worker}-{uuid.uuid4().hex[:6]}"
         leases = ShardLeases(job.output.store, worker_id, ttl_s=spec.run.lease_s)
         engines = EnginePool(spec)

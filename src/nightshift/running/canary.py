@@ -8,15 +8,21 @@ run.canary.accept=true`` after a stop lets the job on without measuring again.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-from nightshift.errors import CanaryFailedError
+from nightshift.errors import CanaryFailedError, CanaryPendingError
 from nightshift.io.outputs import JobOutput
-from nightshift.jobs.reference import answer_changing
+from nightshift.jobs.reference import KV, answer_changing
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.cached import RunCache
 
 NOTHING = "nothing to compare"
+SAMPLED = "the answers are sampled (temperature above 0, no seed): no two runs agree"
+log = logging.getLogger(__name__)
 
 
 def canary_wanted(spec: JobSpec) -> bool:
@@ -32,12 +38,21 @@ def nothing_to_compare_yet(spec: JobSpec) -> str | None:
     engine's FP8 KV cache changes no answer unless a test says so."""
     from nightshift.engines.fake import fp8_changes
 
-    s = spec.sampling
-    if s.temperature > 0 and s.seed is None:
-        return "the answers are sampled (temperature above 0, no seed): no two runs agree"
-    if spec.run.engine == "fake" and not fp8_changes():
+    if spec.input.sampling_column is None and not job_deterministic(spec):
+        return SAMPLED
+    only_kv = set(answer_changing(spec)) <= {KV}  # the fake's FP8 is all it can vary
+    if spec.run.engine == "fake" and only_kv and not fp8_changes():
         return "the fake engine's FP8 KV cache changes no answer (NIGHTSHIFT_FAKE_FP8_CHANGES)"
     return None
+
+
+def job_deterministic(spec: JobSpec) -> bool:
+    """Whether the job's own sampling answers a prompt the same every time (temperature
+    0 or a seed; a classify job's scoring step always does), as dedup decides."""
+    from nightshift.jobs.sampling import deterministic
+    from nightshift.jobs.tasks import handler_for, sampling_for
+
+    return deterministic(sampling_for(spec, handler_for(spec.task)))
 
 
 def canary_pending(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
@@ -102,9 +117,67 @@ def summary_line(canary: dict[str, Any]) -> str:
     if canary.get("status") == NOTHING:
         return f"canary: {NOTHING} ({canary.get('reason')})"
     figure = f"{canary['agreement']:.1%} of {canary['records']} records agree with the reference"
-    verdict = "below min_agreement, accepted" if canary.get("accepted") else "passed"
+    verdict = "passed"
+    if canary.get("accepted"):
+        verdict = "below min_agreement, accepted"
+    elif not canary.get("passed", True):
+        verdict = "below min_agreement, not accepted"
     accuracy = canary.get("accuracy") or {}
     extra = ""
     if accuracy.get("job") is not None and accuracy.get("reference") is not None:
         extra = f"; accuracy {accuracy['job']:.3f} vs {accuracy['reference']:.3f}"
     return f"canary: {figure} ({verdict}, min {canary['min_agreement']:.0%}){extra}"
+
+
+# A worker that finds no canary kept waits for the run measuring it: at most this long
+# while the canary's folders show a measure under way (it holds two engine starts, each
+# bounded by run.startup_timeout_s, and two sample runs) ...
+SAMPLE_RUNS_S = 600.0
+# ... and this long for one to begin (a `jobs run` plans first, then starts the canary).
+BEGIN_S = 300.0
+POLL_S = 2.0
+
+
+def wait_for_canary(
+    spec: JobSpec,
+    output: JobOutput,
+    stopping: threading.Event | None = None,
+    say: Callable[[str], None] = log.warning,
+) -> None:
+    """A worker's judgement before it claims a shard: by the kept measure under its own
+    ``run.canary`` keys (``enforce``: below the bar and not accepted, it claims nothing),
+    waiting while a run is still measuring it. Raises ``CanaryPendingError`` when none is
+    kept in time (no worker measures one: two would share the canary's folders)."""
+    from nightshift.io.planstore import CANARY_DIR
+
+    if not canary_wanted(spec) or nothing_to_compare_yet(spec):
+        return
+    began, told = time.monotonic(), False
+    while stopping is None or not stopping.is_set():
+        kept = output.plans.canary()
+        if kept is not None and not measure_again(kept):
+            enforce(spec, kept)
+            return
+        if kept is not None:  # the measuring run's engine fell back: it went on unchecked
+            return
+        under_way = bool(output.store.list(f"{CANARY_DIR}/"))
+        most = 2 * spec.run.startup_timeout_s + SAMPLE_RUNS_S if under_way else BEGIN_S
+        if time.monotonic() - began > most:
+            raise CanaryPendingError(_pending_message(spec, output, most, under_way))
+        if not told:
+            say(
+                f"waiting for the job's canary ({output.store.uri('plan/canary.json')}), "
+                f"being measured by `nightshift jobs run`: no shard is claimed before it"
+            )
+            told = True
+        time.sleep(POLL_S)
+
+
+def _pending_message(spec: JobSpec, output: JobOutput, waited: float, under_way: bool) -> str:
+    what = "was still being measured" if under_way else "was not being measured"
+    return (
+        f"canary: after {waited:,.0f} s the job's canary (plan/canary.json in "
+        f"{output.location}) {what}, so this worker claimed no shard: run `nightshift jobs "
+        "run SPEC` (it measures the canary before any shard) and add workers once it "
+        "runs, or set run.canary: false to run without the check"
+    )
