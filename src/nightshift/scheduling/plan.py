@@ -31,6 +31,7 @@ from nightshift.io.inputs import (
 )
 from nightshift.io.planstore import POSITION
 from nightshift.jobs.columns import check_column_types
+from nightshift.jobs.modelcheck import check_model_source
 from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
@@ -333,6 +334,7 @@ def prepare_reasoning(encoder: PromptEncoder, parser: str, budget: int | None) -
 def load_encoder(spec: JobSpec) -> PromptEncoder:
     key = "model.tokenizer" if spec.model.tokenizer else "model.path"
     source = spec.model.tokenizer or spec.model.path
+    check_model_source(source, key)  # a name that is no folder and cannot be fetched: at once
     encoder = PromptEncoder.load(source, spec.model.trust_remote_code, key)
     if spec.model.reasoning:  # its markers checked before any prompt is rendered
         prepare_reasoning(encoder, spec.model.reasoning, spec.sampling.reasoning_budget)
