@@ -187,3 +187,35 @@ def test_the_planner_and_capacity_count_the_budget_as_output(thinker, ticket_dir
     data["model"]["max_model_len"] = 141  # no room left for a prompt
     with pytest.raises(Exception, match="reasoning_budget"):
         validate_spec(data)
+
+
+def test_an_unknown_parser_is_refused_in_one_line_with_the_names(thinker, ticket_dir, tmp_path):
+    data = reasoning_spec(thinker, ticket_dir, tmp_path / "out")
+    data["model"]["reasoning"] = "deepseek_r2"
+    with pytest.raises(SpecError) as refused:
+        load_encoder(validate_spec(data))
+    message = str(refused.value)
+    assert message.startswith("model.reasoning: 'deepseek_r2'") and "deepseek_r1" in message
+    assert "\n" not in message
+
+
+def test_thinking_without_an_answer_is_never_an_answer():
+    from nightshift.engines.base import EngineResult
+    from nightshift.errors import RecordError
+    from nightshift.jobs.tasks import TaskHandler
+
+    task = TaskHandler(constraint=None, columns={})
+    for finish, kind in (("length", "reasoning_length"), ("stop", "no_answer")):
+        result = EngineResult(1, "", finish, 10, 16, reasoning="r1 r2", reasoning_unfinished=True)
+        with pytest.raises(RecordError) as failed:
+            task.parse_result(result)
+        assert failed.value.kind == kind and str(failed.value).startswith(f"{kind}:")
+
+
+def test_an_embed_job_cannot_reason(models, tmp_path):
+    from .test_embed import embed_job
+
+    data = embed_job(models, tmp_path, ["a text"])
+    data["model"] = {**data["model"], "reasoning": PARSER}
+    with pytest.raises(Exception, match="embed job generates nothing to reason about"):
+        validate_spec(data)

@@ -330,6 +330,10 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _budget_needs_reasoning(self) -> JobSpec:
+        if self.model.reasoning and self.task.kind == "embed":
+            raise ValueError(
+                "model.reasoning: an embed job generates nothing to reason about; remove it"
+            )
         if self.sampling.reasoning_budget is not None and not self.model.reasoning:
             raise ValueError(
                 "sampling.reasoning_budget: the model is not set up to reason; name its "

@@ -45,6 +45,11 @@ class TaskHandler:
     def parse_result(self, result: EngineResult) -> dict[str, Any]:
         """The task's columns of one answer; ``RecordError`` when it is no valid answer
         (``reasoning_length``: a reasoning model thought until no token was left)."""
+        if result.reasoning_unfinished and result.finish_reason != "length":
+            raise RecordError(  # an end token inside the thinking: no answer either
+                "no_answer: the model ended inside its reasoning, before any answer",
+                "no_answer",
+            )
         if result.reasoning_unfinished:
             raise RecordError(
                 f"{REASONING_LENGTH}: the reasoning spent all {result.output_tokens} output "
