@@ -74,6 +74,7 @@ def compare_section(
         rows.append({**p.model_dump(), "cached_input": cached_price, "usd": usd})
     return {
         "priced_as": f"{cost.gpus}x {cost.gpu}",
+        "priced": cost.usd_per_gpu_hour > 0,  # unpriced: no self-hosted figures to compare
         "ran_on": ran_on,
         "hardware_note": hardware_note(cost, ran_on),
         "self_hosted": self_hosted,
@@ -113,11 +114,17 @@ def engine_hardware(engine_name: str | None) -> str:
 def compare_lines(section: dict[str, Any]) -> list[str]:
     """The comparison as a markdown table, with the hardware note and the sources."""
     s = section["self_hosted"]
+    mine = (
+        f"| self-hosted | {section['priced_as']} | {s['input']:.4f} | {s['cached_input']:.4f} "
+        f"| {s['output']:.4f} | {s['usd']:.4f} |"
+    )
+    if section.get("priced") is False:  # $0 would read as free
+        unset = "not priced (cost.usd_per_gpu_hour)"
+        mine = f"| self-hosted | {section['priced_as']} | {unset} | | | |"
     lines = [
         "| who | model | input $/1M | cached input $/1M | output $/1M | these tokens $ |",
         "|---|---|---|---|---|---|",
-        f"| self-hosted | {section['priced_as']} | {s['input']:.4f} | {s['cached_input']:.4f} "
-        f"| {s['output']:.4f} | {s['usd']:.4f} |",
+        mine,
     ]
     for p in section["providers"]:
         lines.append(
