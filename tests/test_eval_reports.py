@@ -213,3 +213,8 @@ def test_a_struct_reference_scores_as_its_json_text(models, tmp_path, write_spec
     assert 0 < text["exact_match_rate"] < 1  # some right, some wrong: a figure to keep
     assert struct_figures["exact_match_rate"] == text["exact_match_rate"]
     assert set(struct_figures["per_field"]) == {"a"}  # no phantom "note" field
+    printed = invoke("jobs", "eval", str(out), "--labels", str(input_path), "--id-column",
+                     "ticket_id", "--reference-column", "struct_ref").output  # fmt: skip
+    [line] = [x for x in printed.splitlines() if "correct of all labelled" in x]
+    share = f"{text['accuracy_of_labelled']:.1%}"
+    assert share in line and "failed and rejected records counted as not correct" in line

@@ -52,7 +52,11 @@ def quality_section(report: dict[str, Any]) -> Section | None:
     r = q["records"]
     section.add("correct", count(q["correct"]), "records")
     section.add("coverage", _share(q["coverage"]), "answered of labelled")
-    section.add("correct of all labelled", _share(q["accuracy_of_labelled"]), "failed count wrong")
+    section.add(
+        "correct of all labelled",
+        _with_ci(q, "accuracy_of_labelled"),
+        "failed and rejected records counted as not correct",
+    )
     for name in ("labelled", "answered", "failed", "rejected", "unlabelled"):
         section.add(f"records {name}", count(r[name]), "records")
     if q.get("usd_per_1000_correct") is not None:
