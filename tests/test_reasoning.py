@@ -65,6 +65,9 @@ def test_classify_answers_are_labels_with_the_thinking_apart_and_within_budget(
     assert report["reasoning"]["this_run"]["tokens_max_per_record"] <= 6
     # the thinking is output: paid for as output tokens
     assert report["tokens"]["output"] >= thought + 120
+    assert (
+        "| of which reasoning | " + f"{thought:,}" in (tmp_path / "out" / "report.md").read_text()
+    )
 
 
 def test_records_that_think_until_no_token_is_left_fail_as_reasoning_length(

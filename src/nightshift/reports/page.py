@@ -73,6 +73,8 @@ def tokens_section(report: dict[str, Any]) -> Section:
     section.add("prompt tokens (in)", count(t["prompt"]), "tokens")
     section.add("cached prompt tokens", count(t["prompt_cached"]), "tokens")
     section.add("output tokens (out)", count(t["output"]), "tokens")
+    if "reasoning" in t:  # model.reasoning: the thinking, of the output (priced as it)
+        section.add("of which reasoning", count(t["reasoning"]), "tokens")
     section.add("total tokens", count(t["prompt"] + t["output"]), "tokens")
     section.add(
         "prefix-cache hit rate", percent(report["prefix_cache_hit_rate"]), "of prompt tokens"
