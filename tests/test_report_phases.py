@@ -84,6 +84,10 @@ def test_the_summary_and_shard_table_say_why_their_times_differ(newcomer):
     assert t["generate_answering"] == pytest.approx(36.0)
     time = next(line for line in summary_lines(newcomer, "out") if line.startswith("time:"))
     assert "121.0s generate: 85.0s before the first answer, 36.0s answering" in time
+    # a report that keeps the canary's seconds apart from generation names them apart
+    apart = {**newcomer, "time_s": {**t, "canary": 41.1}}
+    time = next(line for line in summary_lines(apart, "out") if line.startswith("time:"))
+    assert "6.5s engine start, 41.1s canary, 121.0s generate" in time
     page = report_markdown(newcomer)
     assert "| of generation: before the first answer | 85.0 | s |" in page
     shards = page[page.index("## Shards") :]

@@ -60,6 +60,8 @@ def time_line(report: dict[str, Any]) -> str:
     prepare = s.get("prepare", 0.0)
     parts = [f"{prepare:.1f}s start-up"] if prepare >= 0.05 else []
     parts += [f"{s['plan']:.1f}s plan", f"{s['engine_startup']:.1f}s engine start"]
+    if s.get("canary", 0.0) >= 0.05:  # a report that keeps the canary out of generate
+        parts.append(f"{s['canary']:.1f}s canary")
     parts.append(f"{s['generate']:.1f}s generate{_generate_split(s)}")
     return (
         f"time: {s['total']:.1f}s total ({', '.join(parts)}); "
