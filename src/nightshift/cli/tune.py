@@ -79,6 +79,7 @@ def tune(
     from nightshift.tuning.check import check_line, run_check
     from nightshift.tuning.files import (
         chosen_lines,
+        claim_folder,
         table_lines,
         write_tune_files,
         write_tuned_spec,
@@ -86,6 +87,7 @@ def tune(
     from nightshift.tuning.tune import TuneJob, candidates_for, run_tune
 
     job = TuneJob.load(spec, overrides, folder, min_agreement, gpu)
+    claim_folder(job.folder)  # before anything runs: never another's files (invariant 9)
     candidates = candidates_for(job, tries or [], defaults=not no_defaults, grid=grid)
     # a bar on a terminal; in a log, a line as each candidate ends (they take minutes)
     bar = progress_bar("tune", len(candidates), "candidates", every_s=0)

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nightshift.errors import RecordError
 from nightshift.evaluation.agreement import agreement, answers
 from nightshift.io.inputs import write_records
 from nightshift.io.planstore import CANARY_DIR
@@ -36,8 +35,10 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import sampling_for
 from nightshift.running.cached import canary_answers
 from nightshift.running.canary import (
+    NONE_DETERMINISTIC,
     NOTHING,
     canary_wanted,
+    deterministic_ids,
     enforce,
     measure_again,
     nothing_to_compare_yet,
@@ -47,10 +48,6 @@ from nightshift.running.runner import JobRun
 
 MIN_RECORDS = 8  # a canary of a small job still compares this many records
 LOOK_AT = 50_000  # records whose own sampling is read to find the deterministic ones
-NONE_DETERMINISTIC = (
-    "no record's answers are deterministic (input.sampling_column: temperature above 0, "
-    "no seed): no two runs agree"
-)
 
 
 RunSide = Callable[..., Any]  # pipelines.direct.run_job, passed in: direct calls us
@@ -140,28 +137,6 @@ def sample_ids(job: JobRun) -> tuple[list, int]:
 
 def _spaced(ids: list, count: int) -> list:
     return [ids[int(k * len(ids) / count)] for k in range(count)] if count else []
-
-
-def deterministic_ids(spec: JobSpec, ids: list) -> list:
-    """Those of ``ids`` whose record's own sampling (``input.sampling_column`` over the
-    job's) answers the same every time: temperature 0 or a seed."""
-    import pyarrow.compute as pc
-
-    from nightshift.io.inputs import open_input
-    from nightshift.jobs.sampling import SamplingColumn, deterministic
-
-    id_column, column = spec.input.id_column, spec.input.sampling_column
-    table = open_input(spec.input.path, spec.output.path).to_table(
-        columns=[id_column, column], filter=pc.field(id_column).isin(ids)
-    )
-    samplings, keep = SamplingColumn(spec), set()
-    for record, text in zip(table[id_column].to_pylist(), table[column].to_pylist(), strict=True):
-        try:
-            if deterministic(samplings.sampling(text)):
-                keep.add(record)
-        except RecordError:  # rejected at planning: not in the sample anyway
-            continue
-    return [i for i in ids if i in keep]
 
 
 def _side(

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nightshift.errors import CanaryFailedError, CanaryPendingError
+from nightshift.errors import CanaryFailedError, CanaryPendingError, RecordError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.reference import KV, answer_changing
 from nightshift.jobs.spec import JobSpec
@@ -22,6 +22,10 @@ from nightshift.running.cached import RunCache
 
 NOTHING = "nothing to compare"
 SAMPLED = "the answers are sampled (temperature above 0, no seed): no two runs agree"
+NONE_DETERMINISTIC = (
+    "no record's answers are deterministic (input.sampling_column: temperature above 0, "
+    "no seed): no two runs agree"
+)
 log = logging.getLogger(__name__)
 
 
@@ -53,6 +57,38 @@ def job_deterministic(spec: JobSpec) -> bool:
     from nightshift.jobs.tasks import handler_for, sampling_for
 
     return deterministic(sampling_for(spec, handler_for(spec.task)))
+
+
+def deterministic_ids(spec: JobSpec, ids: list) -> list:
+    """Those of ``ids`` whose record's own sampling (``input.sampling_column`` over the
+    job's) answers the same every time: temperature 0 or a seed."""
+    import pyarrow.compute as pc
+
+    from nightshift.io.inputs import open_input
+    from nightshift.jobs.sampling import SamplingColumn, deterministic
+
+    id_column, column = spec.input.id_column, spec.input.sampling_column
+    table = open_input(spec.input.path, spec.output.path).to_table(
+        columns=[id_column, column], filter=pc.field(id_column).isin(ids)
+    )
+    samplings, keep = SamplingColumn(spec), set()
+    for record, text in zip(table[id_column].to_pylist(), table[column].to_pylist(), strict=True):
+        try:
+            if deterministic(samplings.sampling(text)):
+                keep.add(record)
+        except RecordError:  # rejected at planning: not in the sample anyway
+            continue
+    return [i for i in ids if i in keep]
+
+
+def comparable_ids(spec: JobSpec, ids: list) -> tuple[list, str | None]:
+    """Those of ``ids`` whose answers two runs can agree on (the job's sampling, and each
+    record's own), and why there are none, when none are (``jobs tune`` compares these)."""
+    if spec.input.sampling_column is not None:
+        found, why = deterministic_ids(spec, ids), NONE_DETERMINISTIC
+    else:
+        found, why = (list(ids) if job_deterministic(spec) else []), SAMPLED
+    return found, (why if ids and not found else None)
 
 
 def canary_pending(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:

@@ -90,10 +90,22 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         *table_lines(summary),
         "",
+        *_compared_lines(summary),
         *[f"- {e['name']}: {e['not_measurable']}" for e in _unmeasurable(summary)],
         *chosen_lines(summary),
     ]
     return "\n".join(head) + "\n"
+
+
+def _compared_lines(summary: dict[str, Any]) -> list[str]:
+    why = summary["sample"].get("nothing_to_compare")
+    if not why:
+        return []
+    return [
+        f"Agreement: nothing to compare ({why}); only a setting that changes no answer "
+        "(batch limits) or the reference can be chosen, on speed.",
+        "",
+    ]
 
 
 def _unmeasurable(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -148,6 +160,8 @@ def chart_png(summary: dict[str, Any]) -> bytes | None:
 
 
 def write_tune_files(folder: Path, summary: dict[str, Any]) -> None:
+    """tune.json, tune.md and tune.png, by name, into a folder ``claim_folder`` let the
+    tune write in."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tune.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "tune.md").write_text(markdown(summary))
@@ -175,3 +189,69 @@ def write_tuned_spec(path: Path, data: dict[str, Any], summary: dict[str, Any]) 
     ]
     text = "".join(f"# {line}\n" for line in comment) + yaml.safe_dump(tuned, sort_keys=False)
     path.write_text(text)
+
+
+# What a tune writes in its folder, by name (DESIGN invariant 9: nothing else is touched).
+TUNE_FILES = ("tune.json", "tune.md", "tune.png")
+SLUG_MOST = 60  # characters of a candidate's name in its folder's name
+
+
+def candidate_folders(candidates: list) -> list[str]:
+    """Each candidate's folder name under ``runs/``: its name made safe, cut to
+    ``SLUG_MOST`` characters with a digest of the whole name and setting where it had to
+    change, so no two candidates share a folder."""
+    import hashlib
+
+    found: list[str] = []
+    for c in candidates:
+        safe = "".join(ch if ch.isalnum() or ch in "-_=" else "_" for ch in c.name)
+        name = safe
+        if safe != c.name or len(safe) > SLUG_MOST or safe in found:
+            whole = json.dumps([c.name, c.sets], sort_keys=True, default=str)
+            name = f"{safe[:SLUG_MOST]}-{hashlib.sha256(whole.encode()).hexdigest()[:10]}"
+        found.append(name)
+    return found
+
+
+def claim_folder(folder: Path) -> None:
+    """Refuse a --dir that holds files a tune did not write: a tune replaces its own
+    files there (tune.*, sample/round-N.parquet, runs/, check/), so a folder of someone
+    else's would lose them. An empty or new folder, or an earlier tune's, is taken."""
+    from nightshift.errors import SpecError
+
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise SpecError("--dir", f"{folder} is a file", "name a folder (new or empty)")
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    foreign = [f for f in files if not _ours(f)] if _a_tune(folder) else files
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise SpecError(
+            "--dir",
+            f"{folder} holds files a tune did not write ({shown}); a tune writes only "
+            "into a new or empty folder or an earlier tune's, and never replaces or "
+            "deletes other files",
+            "name a new or empty folder, or move those files elsewhere",
+        )
+
+
+def _a_tune(folder: Path) -> bool:
+    """Whether ``folder``'s tune.json is one a tune wrote (checked inside)."""
+    try:
+        found = json.loads((folder / "tune.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and {"job", "sample", "candidates"} <= found.keys()
+
+
+def _ours(name: str) -> bool:
+    """A file an earlier tune wrote: its own files by name, its samples, and the runs'
+    outputs, where a job run's own rules keep anything else (``io.outputs``)."""
+    import re
+
+    if name in TUNE_FILES or re.fullmatch(r"sample/round-\d+\.parquet", name):
+        return True
+    return bool(
+        re.fullmatch(r"(runs|check)/[^/]+\.log|(runs/[^/]+/round-\d+|check/(job|chosen))/.+", name)
+    )

@@ -8,7 +8,6 @@ come from that run's report.json; its answers are compared with the reference's.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +22,6 @@ def candidate_spec(data: dict[str, Any], candidate: Candidate, sample: Path, out
     data["output"] = {**data.get("output", {}), "path": str(out)}
     data["cache"] = {**data.get("cache", {}), "path": None}
     return validate_spec(data)
-
-
-def run_candidate(data: dict[str, Any], candidate: Candidate, sample: Path, out: Path) -> dict:
-    """Run ``candidate`` on ``sample`` into ``out``: its report, or the error it met. The
-    engine's own output goes to ``out``.log, as ``jobs run`` sends it to a log file."""
-    from nightshift.console import engine_output_to
-    from nightshift.errors import NightshiftError
-    from nightshift.pipelines.direct import run_job
-
-    shutil.rmtree(out, ignore_errors=True)
-    try:
-        spec = candidate_spec(data, candidate, sample, out)
-        with engine_output_to(out.with_suffix(".log")):
-            return {"report": run_job(spec, overwrite=True, progress=False).report, "spec": spec}
-    except (NightshiftError, RuntimeError, ValueError, TypeError) as exc:
-        # an engine that refuses a setting (speculation on this hardware): said, not fatal
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
 
 def figures(report: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> dict[str, Any]:

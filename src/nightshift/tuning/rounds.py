@@ -126,15 +126,17 @@ def round_figures(ran: dict[str, Any], usd_per_gpu_hour: float, gpus: int) -> di
 
 
 def measure_candidate(
-    job: Any, candidate: Candidate, samples: list[Path], sizing: Sizing, base: dict
+    job: Any, candidate: Candidate, samples: list[Path], sizing: Sizing, base: dict, folder: Path
 ) -> dict[str, Any]:
-    """``candidate`` run in rounds and compared with the reference (measured first: its
-    answers and correctness go into ``base``). ``job``: the ``tuning.tune.TuneJob``."""
+    """``candidate`` run in rounds into ``folder`` and compared with the reference
+    (measured first: its answers on ``base["compared"]``'s records, those whose answers
+    are deterministic, and its correctness go into ``base``). ``job``: the
+    ``tuning.tune.TuneJob``."""
     from nightshift.tuning.binding import predicted_limit
     from nightshift.tuning.tune import job_is_reference
 
-    folder = job.folder / "runs" / _slug(candidate.name)
     entry: dict[str, Any] = {"name": candidate.name, "sets": candidate.sets, "output": str(folder)}
+    entry["same_answers"] = same_answers(candidate)
     ran = run_rounds(job.data, candidate, samples, folder, fresh=not sizing.disjoint)
     if "error" in ran:
         return {**entry, "error": ran["error"]}
@@ -147,9 +149,13 @@ def measure_candidate(
         entry["not_measurable"] = why
     got, right = outputs_answers(ran["outputs"], job.spec)
     if candidate.name == REFERENCE:
-        base.update(answers=got, right=right)
+        compared = base.get("compared")
+        kept = {i: a for i, a in got.items() if compared is None or i in compared}
+        base.update(answers=kept, right=right)
         entry["is_job"] = job_is_reference(job)
     entry.update(agreement_figures(base.get("answers", {}), got))
+    if entry["agreement"] is None and base.get("why"):
+        entry["nothing_to_compare"] = base["why"]
     entry.update(quality_figures(base.get("right"), right))
     return entry
 
@@ -192,5 +198,16 @@ def _right(out: str, column: str) -> dict[Any, bool]:
     return found
 
 
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_=" else "_" for ch in name)[:80]
+# Keys that move speed or memory only: a candidate setting nothing else answers as the
+# job does by design (jobs.fingerprint leaves them out), compared or not.
+SPEED_ONLY = frozenset(
+    {"engine.max_num_seqs", "engine.max_num_batched_tokens", "engine.gpu_memory_utilization"}
+)
+
+
+def same_answers(candidate: Candidate) -> bool:
+    """Whether ``candidate`` changes only keys that never change answers."""
+    from nightshift.jobs.fingerprint import HARMLESS_ENGINE_EXTRA
+
+    harmless = SPEED_ONLY | {f"engine.extra.{k}" for k in HARMLESS_ENGINE_EXTRA}
+    return all(key in harmless for key in candidate.sets)

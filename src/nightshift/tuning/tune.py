@@ -16,6 +16,7 @@ from typing import Any
 
 from nightshift.jobs.loading import apply_override, read_yaml, validate_spec
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.canary import comparable_ids
 from nightshift.tuning.binding import local_gpu
 from nightshift.tuning.candidates import (
     JOB,
@@ -24,7 +25,7 @@ from nightshift.tuning.candidates import (
     parse_tries,
     reference,
 )
-from nightshift.tuning.files import write_tune_files
+from nightshift.tuning.files import candidate_folders, write_tune_files
 from nightshift.tuning.grid import grid_candidates
 from nightshift.tuning.rounds import measure_candidate
 from nightshift.tuning.sizing import (
@@ -114,17 +115,23 @@ def run_tune(
     order = job_order(job.spec)
     limits = [limits_of(validate_spec(c.applied(job.data))) for c in candidates]
     sizing = size_rounds(order.height, int(order["tokens"].sum()), limits, rounds, size)
-    samples = write_rounds(job.spec, round_ids(order, sizing), job.folder / "sample")
+    ids = round_ids(order, sizing)
+    samples = write_rounds(job.spec, ids, job.folder / "sample")
+    compared, why = comparable_ids(job.spec, list(dict.fromkeys(i for r in ids for i in r)))
     summary = {
         "job": job.spec.name,
-        "sample": sample_summary(sizing),
+        "sample": {**sample_summary(sizing), "compared": len(compared)},
         "min_agreement": job.min_agreement,
         "price": {"usd_per_gpu_hour": job.spec.cost.usd_per_gpu_hour, "gpus": job.spec.cost.gpus},
         "candidates": [],
     }
-    base: dict = {}
-    for candidate in candidates:
-        summary["candidates"].append(measure_candidate(job, candidate, samples, sizing, base))
+    if why:  # sampled answers: agreement would compare two random draws
+        summary["sample"]["nothing_to_compare"] = why
+    base: dict = {"compared": set(compared), "why": why}
+    for candidate, name in zip(candidates, candidate_folders(candidates), strict=True):
+        folder = job.folder / "runs" / name
+        entry = measure_candidate(job, candidate, samples, sizing, base, folder)
+        summary["candidates"].append(entry)
         summary["chosen"] = choose(summary["candidates"], job.min_agreement)
         job_figures = job_entry(summary["candidates"])
         summary["sample"]["cost"] = sample_cost(summary["candidates"], job_figures, order.height)

@@ -67,6 +67,8 @@ def clears(entry: dict[str, Any], min_agreement: float) -> bool:
     if entry["name"] == REFERENCE:
         return True
     ci = entry.get("agreement_ci")
+    if ci is None and entry.get("nothing_to_compare"):  # sampled: two draws never agree
+        return bool(entry.get("same_answers"))  # only a setting that changes no answer
     return ci is not None and ci[0] >= min_agreement
 
 
