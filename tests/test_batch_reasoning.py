@@ -39,7 +39,14 @@ def test_chat_lines_carry_reasoning_content_within_their_effort(thinker, tmp_pat
         chat("off", reasoning_effort="none", max_completion_tokens=8),
         chat("typo", reasoning_effort="extreme"),
     ]
+    repeat = {"reasoning_effort": "low", "max_completion_tokens": 60, "temperature": 0}
+    lines += [{**chat(name, **repeat), "body": chat("same", **repeat)["body"]} for name in "ab"]
     answers, errors = run(thinker, tmp_path, "chat", lines)
+    a, b = (ChatCompletion.model_validate(answers[k]["response"]["body"]) for k in "ab")
+    # one answer, two lines (a dedup copy): the same output and thinking tokens on each
+    assert a.usage.completion_tokens == b.usage.completion_tokens
+    assert a.usage.completion_tokens_details == b.usage.completion_tokens_details
+    assert a.usage.completion_tokens_details.reasoning_tokens > 0
     low = ChatCompletion.model_validate(answers["low"]["response"]["body"])
     message = low.choices[0].message
     thought = message.reasoning_content  # vLLM's field: an extra the SDK keeps

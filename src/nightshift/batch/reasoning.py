@@ -69,6 +69,12 @@ def anthropic_thinking(thinking: Any, max_tokens: int | None) -> dict[str, Any]:
     return within(max_tokens, budget)
 
 
+def thinking_tokens(choices: list[dict[str, Any]]) -> int:
+    """An answer's thinking tokens, over its choices: the line's own, as its other counts
+    are (a dedup copy's row counts none, but its choices are its original's)."""
+    return sum(reasoning_of(c)[1] for c in choices)
+
+
 def reasoning_of(choice: dict[str, Any]) -> tuple[str | None, int]:
     """A choice's thinking and its tokens (None, 0: the model did not think)."""
     return choice.get("reasoning"), int(choice.get("reasoning_tokens") or 0)

@@ -72,6 +72,7 @@ def choices(row: dict[str, Any]) -> list[dict[str, Any]]:
             "output_tokens": row["output_tokens"],
             "logprobs": None,
             "reasoning": row.get("reasoning"),  # a reasoning model's thinking (model.reasoning)
+            "reasoning_tokens": row.get("reasoning_tokens"),
         }
     ]
 

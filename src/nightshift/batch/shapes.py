@@ -18,6 +18,7 @@ from nightshift.batch.reasoning import (
     chat_message_reasoning,
     response_reasoning_items,
     thinking_blocks,
+    thinking_tokens,
 )
 from nightshift.batch.results import Answer, choices, request_ids
 
@@ -165,14 +166,14 @@ def _response_usage(row: dict[str, Any]) -> dict[str, Any]:
         # no cache writes are billed apart here: vLLM's prefix cache just keeps blocks
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": row.get("reasoning_tokens") or 0},
+        "output_tokens_details": {"reasoning_tokens": thinking_tokens(choices(row))},
         "total_tokens": prompt + output,
     }
 
 
 def _thought(row: dict[str, Any]) -> dict[str, int]:
     """``completion_tokens_details``: a reasoning model's thinking tokens, none else."""
-    return COMPLETION_DETAILS | {"reasoning_tokens": row.get("reasoning_tokens") or 0}
+    return COMPLETION_DETAILS | {"reasoning_tokens": thinking_tokens(choices(row))}
 
 
 def _or(value: Any, default: Any) -> Any:
