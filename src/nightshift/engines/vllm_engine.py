@@ -10,7 +10,6 @@ and phase-time counters from ``LLM.get_metrics()``.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 import os
 import threading
@@ -37,7 +36,7 @@ from nightshift.engines.vllm_start import (
     platform_choices,
     set_startup_timeout,
 )
-from nightshift.errors import EngineError, EngineFatalError, EngineStalledError, SpecError
+from nightshift.errors import EngineError, EngineFatalError, EngineStalledError
 
 log = logging.getLogger(__name__)
 # vLLM reconfigures the logging module (dictConfig) on import and at each LLM(): that
@@ -71,20 +70,6 @@ def import_vllm() -> None:
     can do it ahead of time in its main thread (``pipelines.headstart``)."""
     import vllm.entrypoints.llm  # noqa: F401
     import vllm.v1.engine.core  # noqa: F401
-
-
-def check_engine_extra(extra: dict[str, Any]) -> None:
-    """Refuse an ``engine.extra`` key vLLM does not know, before any planning or start-up."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    for name in extra:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]}?" if close else "see vLLM's engine arguments"
-            raise SpecError(f"engine.extra.{name}", "is not a vLLM engine argument", hint)
 
 
 def fp8_kv_unsupported_reason() -> str | None:

@@ -1,5 +1,6 @@
 """What a vLLM start needs beyond ``vllm.LLM(**args)``: the platform's own choices, the
-start-up timeout, telling an FP8 KV failure from any other, and what the engine chose.
+start-up timeout, telling an FP8 KV failure from any other, what the engine chose, and
+(before any of it) that ``engine.extra`` names only vLLM's own arguments.
 
 - **Platform choices** (``cpu_choices``): on a CPU, float32 weights where it
   has no bf16 units and eager mode, unless the spec sets them; on a GPU nothing (vLLM
@@ -18,11 +19,12 @@ start-up timeout, telling an FP8 KV failure from any other, and what the engine 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from typing import Any
 
-from nightshift.errors import EngineError
+from nightshift.errors import EngineError, SpecError
 
 READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
 
@@ -113,3 +115,17 @@ def cpu_choices(args: dict[str, Any], has_bf16: bool) -> dict[str, str]:
         args["enforce_eager"] = True
         chosen["enforce_eager"] = "true: on a CPU compiling costs more start-up than it saves"
     return chosen
+
+
+def check_engine_extra(extra: dict[str, Any]) -> None:
+    """Refuse an ``engine.extra`` key vLLM does not know, before any planning or start-up."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for name in extra:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "see vLLM's engine arguments"
+            raise SpecError(f"engine.extra.{name}", "is not a vLLM engine argument", hint)

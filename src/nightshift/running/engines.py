@@ -40,7 +40,7 @@ def check_engine_spec(spec: JobSpec) -> None:
 
         embedding_dimension(spec)  # embed.dimensions the model cannot give: refused now
     if spec.run.engine == "vllm":
-        from nightshift.engines.vllm_engine import check_engine_extra
+        from nightshift.engines.vllm_start import check_engine_extra
 
         check_engine_extra(spec.engine.extra)
 
