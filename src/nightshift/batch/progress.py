@@ -94,6 +94,7 @@ class LiveCounts:
         self.batches, self.batch_id, self.work_uri = batches, record["id"], work_uri
         self.every_s, self._done = every_s, threading.Event()
         self._said = time.monotonic()  # when the log last had a line of its counts
+        self._warned = False
         self._thread = threading.Thread(target=self._loop, name="nightshift-counts", daemon=True)
 
     def __enter__(self) -> LiveCounts:
@@ -109,7 +110,9 @@ class LiveCounts:
             try:
                 self.update()
             except Exception:  # a count is a nicety: never the batch's failure
-                log.debug("batch %s: live counts not read", self.batch_id, exc_info=True)
+                level = logging.DEBUG if self._warned else logging.WARNING  # said once
+                log.log(level, "batch %s: live counts not read", self.batch_id, exc_info=True)
+                self._warned = True
 
     def update(self) -> None:
         found = answered_so_far(self.work_uri)
