@@ -57,15 +57,20 @@ class ProgressLines:
         self.write(self.started)  # a log shows at once that the work began
 
     def update(self, n: int = 1) -> None:
-        """``n`` more units done (tqdm's ``update``)."""
-        self.at(self.n + n)
+        """``n`` more units done (tqdm's ``update``): an addition and one clock read."""
+        self.n += n
+        now = self._clock()
+        if now >= self._next or self._first is None:
+            self._tick(now)
 
     def at(self, done: int) -> None:
         """``done`` units done so far; a line when one is due."""
         self.n = done
-        now = self._clock()
-        if self._first is None and done > 0:
-            self._first = (now, done)
+        self._tick(self._clock())
+
+    def _tick(self, now: float) -> None:
+        if self._first is None and self.n > 0:
+            self._first = (now, self.n)
         if now >= self._next:
             self._next = now + self.every_s
             self.write(now)
