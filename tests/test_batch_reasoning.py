@@ -120,6 +120,7 @@ def test_batch_serve_honours_reasoning_for_both_official_clients(serve, thinker)
     lines = [chat_line("c", "Where is my order?", reasoning_effort="low", max_tokens=40)]
     done = finished(client, openai_batch(client, lines).id)
     assert done.status == "completed", done
+    assert done.usage.output_tokens_details.reasoning_tokens > 0  # the Batch object's own
     [line] = output_lines(client, done.output_file_id)
     body = ChatCompletion.model_validate(line["response"]["body"])
     assert body.choices[0].message.reasoning_content

@@ -220,7 +220,7 @@ def _usage(usage: dict[str, int]) -> dict[str, Any]:
         "input_tokens": usage["input"],
         "input_tokens_details": {"cached_tokens": usage["cached"]},
         "output_tokens": usage["output"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.get("reasoning", 0)},
         "total_tokens": usage["input"] + usage["output"],
     }
 

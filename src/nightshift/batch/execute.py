@@ -177,6 +177,7 @@ def outcome_counts(outcome: Any) -> dict[str, int]:
     """``BatchOutcome`` (or ``write_outputs``' counts) as the numbers a record keeps."""
     names = ("completed", "failed", "input_tokens", "output_tokens", "cached_tokens")
     counts = {name: int(getattr(outcome, name)) for name in names}
+    counts["reasoning_tokens"] = int(getattr(outcome, "reasoning_tokens", 0))  # of output
     total = outcome.total if hasattr(outcome, "total") else outcome.lines
     return {"total": int(total), **counts}
 

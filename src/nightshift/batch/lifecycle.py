@@ -120,6 +120,7 @@ def _set_counts(r: dict[str, Any], counts: dict) -> None:
         "failed": counts["failed"],
     }
     r["usage"] = {k: counts[f"{k}_tokens"] for k in ("input", "output", "cached")}
+    r["usage"]["reasoning"] = counts.get("reasoning_tokens", 0)  # a record before it: 0
     # of the failed, those its window ended (Anthropic counts them apart)
     r["expired_requests"] = counts.get("expired", 0)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nightshift.batch.lineorder import FAILED, OK, in_order
+from nightshift.batch.reasoning import thinking_tokens
 from nightshift.batch.records import ECHO_COLUMN, ID_COLUMN, BadLine, line_id, read_lines
 from nightshift.batch.results import (
     NOT_RUN,
@@ -23,6 +24,7 @@ from nightshift.batch.results import (
     Answer,
     Written,
     bad_line_answer,
+    choices,
     dumps,
 )
 from nightshift.batch.shapes import Context, anthropic_line, openai_line
@@ -141,6 +143,7 @@ def _count(done: Written, answer: Answer) -> None:
     done.input_tokens += row["prompt_tokens"] or 0
     done.output_tokens += row["output_tokens"] or 0
     done.cached_tokens += row["cached_tokens"] or 0
+    done.reasoning_tokens += thinking_tokens(choices(row))
 
 
 def put(path: Path, url: str) -> None:

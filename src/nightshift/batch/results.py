@@ -52,6 +52,7 @@ class Written:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of output_tokens: a reasoning model's thinking
 
 
 def request_ids(batch_key: str, custom_id: str | None, line: int) -> dict[str, str]:

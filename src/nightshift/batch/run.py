@@ -72,6 +72,7 @@ class BatchOutcome:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of output_tokens: a reasoning model's thinking
     output: str = ""
     errors: str | None = None
     work: str = ""
@@ -144,7 +145,7 @@ def _with_counts(outcome: BatchOutcome, done: Written) -> BatchOutcome:
     """``outcome`` with the request counts and tokens of the files written."""
     outcome.total, outcome.completed, outcome.failed = done.lines, done.completed, done.failed
     outcome.input_tokens, outcome.output_tokens = done.input_tokens, done.output_tokens
-    outcome.cached_tokens = done.cached_tokens
+    outcome.cached_tokens, outcome.reasoning_tokens = done.cached_tokens, done.reasoning_tokens
     return outcome
 
 
