@@ -84,3 +84,19 @@ def test_names_keep_their_gap_and_stay_inside():
     crowd = label_heights([0.5] * 30, 0.1)  # more than fit: they share the height
     assert min(crowd) >= 0 and max(crowd) <= 1
     assert all(b > a for a, b in itertools.pairwise(crowd))
+
+
+def test_a_missing_agreement_is_never_drawn_as_zero():
+    mixed = summary(0.0)
+    mixed["candidates"][1]["agreement"] = None  # "job": nothing to compare
+    figure = tune_figure(mixed)
+    assert "job" not in names_drawn(figure)
+    assert any("not compared with the reference: job" in t.get_text() for t in figure.texts)
+    ys = [float(y) for c in figure.axes[0].collections for _, y in c.get_offsets()]
+    assert 0.0 not in ys
+    none = summary(0.0)
+    for entry in none["candidates"]:
+        entry["agreement"] = None
+    bars = tune_figure(none)
+    assert "agreement not measured" in bars.axes[0].get_title()
+    assert len(bars.axes[0].patches) == 6 and bars.axes[0].get_xlim()[0] == 0

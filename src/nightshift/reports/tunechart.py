@@ -54,15 +54,21 @@ def axis_for(summary: dict[str, Any]) -> tuple[str, str, bool]:
 
 def tune_figure(summary: dict[str, Any]) -> Figure | None:
     key, label, lower_better = axis_for(summary)
-    ran = _ran(summary, key)
-    if not ran:
+    measured = _ran(summary, key)
+    if not measured:
         return None
+    ran = [e for e in measured if e.get("agreement") is not None]
+    if not ran:  # nothing to compare (sampled answers): speed or cost alone, as bars
+        return _bars(summary, measured, key, label)
     figure = Figure(figsize=(9, 4.8), dpi=100)
     figure.subplots_adjust(left=0.11, right=0.66, bottom=0.13, top=0.9)
     axes = figure.add_subplot()
+    apart = [e["name"] for e in measured if e.get("agreement") is None]
+    if apart:  # a missing agreement is not 0%: named, not drawn
+        figure.text(0.01, 0.01, "not compared with the reference: " + ", ".join(apart), fontsize=7)
     best = frontier(ran, key, lower_better)
     chosen = (summary.get("chosen") or {}).get("name")
-    points = [(e["name"], e[key], e["agreement"] or 0.0) for e in ran]
+    points = [(e["name"], e[key], e["agreement"]) for e in ran]
     for name, x, y in points:
         axes.scatter(x, y, s=60, c=FILLED if name in best else "white", edgecolors=FILLED)
         if name == chosen:
@@ -80,6 +86,27 @@ def tune_figure(summary: dict[str, Any]) -> Figure | None:
         fontsize=9,
     )
     _name_column(axes, points)
+    return figure
+
+
+def _bars(summary: dict[str, Any], ran: list[dict[str, Any]], key: str, label: str) -> Figure:
+    """Each candidate's speed (or cost) when no agreement was measured (sampled answers
+    never agree twice): a bar each, from 0, the choice in red."""
+    figure = Figure(figsize=(9, 1.6 + 0.35 * len(ran)), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    chosen = (summary.get("chosen") or {}).get("name")
+    names = [e["name"] for e in ran]
+    colours = [RING if n == chosen else FILLED for n in names]
+    bars = axes.barh(range(len(ran)), [e[key] for e in ran], color=colours, height=0.6)
+    axes.bar_label(bars, labels=[f"{e[key]:,.4g}" for e in ran], padding=3, fontsize=8)
+    axes.set_yticks(list(range(len(ran))), names, fontsize=8)
+    axes.invert_yaxis()
+    axes.set_xlim(left=0)
+    axes.set_xlabel(label, fontsize=8)
+    axes.set_title(
+        f"{summary['job']}: agreement not measured (nothing to compare), red: chosen",
+        fontsize=9,
+    )
     return figure
 
 
