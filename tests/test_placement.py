@@ -230,3 +230,20 @@ class _Engine:
 
     def close(self) -> None:
         self.closed = True
+
+
+def test_the_planner_asks_the_same_question_and_plans_for_the_target(monkeypatch, tmp_path):
+    """One answer to "is there a GPU" (C4 of the review): the planner's block size follows
+    the devices the host gives; plan.block_size plans for another machine's engine."""
+    from nightshift.scheduling.kvcache import block_size, has_gpu
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    data = spec_dict(tmp_path, tmp_path, tmp_path / "out")
+    data["engine"] = {}
+    spec = JobSpec.model_validate(data)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", GPUS[0])
+    assert has_gpu() and block_size(spec) == 16
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not has_gpu() and block_size(spec) == 128
+    data["plan"] = {"block_size": 16}  # a CPU box planning for GPU workers
+    assert block_size(JobSpec.model_validate(data)) == 16

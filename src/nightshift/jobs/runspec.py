@@ -25,6 +25,15 @@ class PlanSpec(_Section):
         gt=0,
         description="Most prompt tokens in one shard, so shards of long prompts stay short.",
     )
+    block_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="The KV block size the plan aligns prefix groups to and predicts reuse "
+        "in, for a plan written on another machine than the one that runs it (a laptop "
+        "or CPU box planning for GPUs: 16). Unlike engine.block_size it does not force "
+        "the engine's. Unset: engine.block_size, else this machine's engine's (16 on a "
+        "GPU, 128 on the CPU build).",
+    )
 
 
 class CanarySpec(_Section):

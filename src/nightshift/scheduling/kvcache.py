@@ -5,9 +5,6 @@ Both feed the reuse prediction only; the run reports what the engine really had.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from nightshift.capacity.shape import kv_width, local_config, model_shape
 from nightshift.engines.tokenizer import model_source
 from nightshift.jobs.spec import JobSpec
@@ -18,13 +15,20 @@ FAKE_BLOCK_SIZE = 16  # the fake engine's default
 
 
 def has_gpu() -> bool:
-    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    """Whether this host gives its engines a GPU: the one answer placement gives too
+    (an inherited CUDA_VISIBLE_DEVICES, else nvidia-smi's list; empty or -1: none)."""
+    from nightshift.engines.devices import given_devices
+
+    return given_devices() is not None
 
 
 def block_size(spec: JobSpec) -> int:
-    """The KV block size the engine will use."""
+    """The KV block size the engine will use (``plan.block_size``: the one the machine
+    that runs the plan will use, when it is not this one)."""
     if spec.engine.block_size is not None:
         return spec.engine.block_size
+    if spec.plan.block_size is not None:
+        return spec.plan.block_size
     if spec.run.engine == "fake":
         return FAKE_BLOCK_SIZE
     return GPU_BLOCK_SIZE if has_gpu() else CPU_BLOCK_SIZE
