@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-from nightshift.engines.driver import driver_problem
+from nightshift.engines.driver import driver_problem, main
 
 
 def test_a_driver_too_old_for_cuda_13_names_itself_and_the_fix():
@@ -18,14 +14,12 @@ def test_a_driver_too_old_for_cuda_13_names_itself_and_the_fix():
     assert "rm -rf .venv && make setup" in driver_problem("580.65.06", None, cuda_works=False)
 
 
-def test_the_check_runs_only_where_nvidia_smi_answers(tmp_path):
-    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
-    check = [sys.executable, "-m", "nightshift.engines.driver"]
-    quiet = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
-    assert quiet.returncode == 0 and not quiet.stdout + quiet.stderr  # no nvidia-smi: no-op
+def test_the_check_runs_only_where_nvidia_smi_answers(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main() == 0 and capsys.readouterr() == ("", "")  # no nvidia-smi: a no-op
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 550.54.15\n")
     smi.chmod(0o755)
-    done = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1  # this venv's torch is the CPU build
-    assert done.stderr.count("\n") == 1 and "550.54.15" in done.stderr
+    assert main() == 1  # this venv's torch is the CPU build
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "550.54.15" in err and "rm -rf .venv" in err

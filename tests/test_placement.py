@@ -134,20 +134,19 @@ def test_more_workers_than_devices_refused_in_one_line(monkeypatch, tmp_path):
     assert device_env(spec, 1, 2) == {"CUDA_VISIBLE_DEVICES": ",".join(GPUS[:2])}
 
 
-def test_cli_refuses_more_workers_than_gpus(tmp_path, write_spec, models):
+def test_cli_refuses_more_workers_than_gpus(tmp_path, write_spec, models, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nightshift.cli import app
+
     data = write_records(tmp_path / "in.parquet", tickets(4))
     spec = write_spec(spec_dict(models["chat"], data, tmp_path / "out", run={"engine": "fake"}))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(GPUS[:2])}
-    done = subprocess.run(
-        [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(spec), "--workers", "3"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(GPUS[:2]))
+    done = CliRunner().invoke(app, ["jobs", "run", str(spec), "--workers", "3"])
+    assert done.exit_code == 2, done.output
+    lines = [line for line in done.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "needs 3 GPU(s) but this host gives 2" in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before anything started
 
 
 def test_concurrent_jobs_and_workers_on_distinct_devices(tmp_path, locks, models):
