@@ -34,7 +34,7 @@ from nightshift.cli import app
 from nightshift.errors import SpecError
 from nightshift.scheduling.capacity import headline
 
-from .conftest import spec_dict
+from .conftest import spec_dict, write_records
 
 runner = CliRunner()
 HW = Hardware("test", 1, 80 * 2**30, bandwidth=1e12, flops=1e14, compute_dtype="bf16")
@@ -262,3 +262,27 @@ def test_h100_and_h200_forms_are_matched_by_name_never_by_substring():
     assert gpu_for_device("NVIDIA GH200 480GB") is None
     assert gpu_for_device("NVIDIA L40S") == "l40s" and gpu_for_device("NVIDIA L4") == "l4"
     assert GPUS["h100-pcie"].bandwidth_gbs < GPUS["h100"].bandwidth_gbs
+
+
+def test_the_advice_follows_the_levers_table(models, tmp_path, write_spec):
+    """40 short records under max_num_seqs 256: the batch is held by the records there
+    are, and a larger max_num_seqs is no lever; with a batch held at 4 it is."""
+    rows = [{"ticket_id": f"t{i}", "subject": "s", "body": f"body {i}"} for i in range(40)]
+    inputs = write_records(tmp_path / "in" / "t.parquet", rows)
+    spec = write_spec(spec_dict(models["chat"], inputs, tmp_path / "out"))
+    seen = set()
+    for seqs in (256, 4):
+        c = plan_json(spec, "--gpu", "h100", "--set", f"engine.max_num_seqs={seqs}")["capacity"]
+        if c["binding_limit"] != "memory bandwidth":
+            continue
+        base = c["tokens_per_s"]
+        faster = [
+            row for row in c["levers"]
+            if row["lever"].startswith("engine.max_num_seqs:") and row["tokens_per_s"] > base * 1.02
+        ]  # fmt: skip
+        says_raise = c["advice"].startswith("raise engine.max_num_seqs")
+        assert says_raise == bool(faster), (c["advice"], c["levers"])
+        if not faster:
+            assert "changes nothing here" in c["advice"]
+        seen.add(says_raise)
+    assert seen == {True, False}  # both cases met

@@ -197,6 +197,35 @@ def _levers(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any]) -> l
     return rows
 
 
+def advice(p: Prediction, levers: list[dict], max_num_seqs: int) -> str:
+    """What would move the binding limit, as the levers table shows it: more sequences
+    only where a larger engine.max_num_seqs is predicted faster (a batch held by the
+    records there are, or by max_num_batched_tokens, gains nothing from it)."""
+    if p.binding != BANDWIDTH:
+        return ADVICE[p.binding]
+    base = levers[0]["tokens_per_s"] or 0.0
+    faster = [
+        (row["tokens_per_s"], int(row["lever"].rsplit(" ", 1)[1]))
+        for row in levers
+        if row["lever"].startswith("engine.max_num_seqs:")
+        and int(row["lever"].rsplit(" ", 1)[1]) > max_num_seqs
+        and row["tokens_per_s"] > base * 1.02
+    ]
+    if faster:
+        best = max(tps for tps, _ in faster)  # the least setting that gets (about) the most
+        tps, seqs = min(((t, n) for t, n in faster if t >= best * 0.99), key=lambda f: f[1])
+        gain = f" ({tps / base:.2f}x the tokens/s)" if base else ""
+        share = "more records share each read of the weights"
+        return f"raise engine.max_num_seqs to {seqs}{gain}: {share}"
+    held = p.batch.limited_by
+    why = "the job has no more records" if held == "records" else f"{held} holds it"
+    return (
+        f"each pass reads every weight for a batch of {p.batch.size:,}, and {why}: a larger "
+        "engine.max_num_seqs changes nothing here (see the levers); more records per job "
+        "(or several jobs' records in one) would share each read"
+    )
+
+
 def _model_facts(planner: Planner) -> dict[str, Any]:
     shape = planner.shape
     return {
@@ -254,9 +283,10 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
         width,
         planner.workers,
     )
+    levers = _levers(planner, records, reuse)
     return {
         **headline(p, planner.spec.cost.usd_per_gpu_hour, planner.gpus),
-        "advice": ADVICE[p.binding],
+        "advice": advice(p, levers, settings.max_num_seqs),
         "gpu": _hardware_facts(planner),
         "model": _model_facts(planner),
         "output_tokens": {"per_record": work.output_per_record, "source": planner.output_source},
@@ -273,7 +303,7 @@ def predict_plan(planner: Planner, records: pl.DataFrame, reuse: dict[str, Any])
             "share": work.cached_tokens / work.prompt_tokens if work.prompt_tokens else 0.0,
             "seconds_saved": uncached.seconds - p.seconds,
         },
-        "levers": _levers(planner, records, reuse),
+        "levers": levers,
         "note": "a roofline estimate plus capacity.step_overhead_s per pass (an assumption, "
         "not yet measured with vLLM on a GPU); engine start-up, the ramp and tail of the "
         "job and exchanges between tensor-parallel GPUs are not included. The efficiency "
