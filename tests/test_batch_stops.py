@@ -27,7 +27,7 @@ from .batchserver import (
 )
 
 SLOW = {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.05"}
-SLOWER = {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.08"}  # 1,000 requests: 80 s
+SLOWER = {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.08"}
 CHUNKS = ["--set", "run.chunk_records=4"]  # checkpoints, one shard (no plan.shard_records)
 
 
@@ -96,11 +96,11 @@ def test_expired_and_cancelled_batches_keep_every_answer_and_counts_never_fall(s
 
 
 def test_live_counts_of_several_input_embeddings_lines_count_lines(serve):
-    server = serve(*FAKE, *CHUNKS, env=SLOW)
+    server = serve(*FAKE, *CHUNKS, env=SLOWER)  # a line done every 3 s: seen part-way
     client = server.openai()
     lines = [
         {"custom_id": f"e{j}", "method": "POST", "url": "/v1/embeddings",
-         "body": {"input": [f"text {j} {i}" for i in range(25)]}}
+         "body": {"input": [f"text {j} {i}" for i in range(40)]}}
         for j in range(4)
     ] + ["not json"]  # fmt: skip
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
