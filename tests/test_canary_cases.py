@@ -155,6 +155,12 @@ def test_a_narrower_model_dtype_is_measured_even_where_the_fp8_kv_cache_falls_ba
     assert canary["status"] == "measured", canary
     assert canary["settings"]["model.dtype"] == "bfloat16"
     assert canary["reference"]["model.dtype"] == "float32"
+    # the canary's time is a band of its own, never generation's (nor its tokens/s)
+    report = json.loads((out / "report.json").read_text())
+    t, span = report["time_s"], report["timeline"]["canary"]
+    assert t["canary"] == pytest.approx(span["ended_s"] - span["began_s"], abs=0.05)
+    before = t["prepare"] + t["plan"] + t["engine_startup"] - t["startup_during_plan"]
+    assert before + t["canary"] + t["generate"] + t["wrap_up"] == pytest.approx(t["total"], abs=0.1)
     # float32 weights of a bf16 model, or auto: nothing narrower, nothing to measure
     from nightshift.jobs.reference import answer_changing
 

@@ -41,16 +41,34 @@ def finish_run(
     # Generation ends with the last answer or commit; shutting the engine down and
     # writing the report after it is wrap-up, not generation.
     ended = job.progress.last_work if job.progress.last_work is not None else finished
+    canary = canary_seconds(job.progress.canary, engines.spans, job.progress.started)
     times = Timings(
         total=finished,
         prepare=job.prepared_s,
         plan=job.planned_s - job.prepared_s,
         engine_startup=startup,
-        generate=max(0.0, ended - job.planned_s - startup + overlap),
+        # the canary's sample runs are a band of their own (time_s.canary), never
+        # generation: its tokens/s would count two sample runs and a reference's start
+        generate=max(0.0, ended - job.planned_s - startup + overlap - canary),
         overlap=overlap,
         wrap_up=finished - ended,
     )
-    return RunOutcome(_report(job, engines, times, stopped), job.output.location)
+    report = _report(job, engines, times, stopped, canary)
+    return RunOutcome(report, job.output.location)
+
+
+def canary_seconds(
+    span: dict[str, float] | None, startups: list[tuple[float, float]], clock_start: float
+) -> float:
+    """The canary's seconds on the run's clock (``span``: its ``began_s``/``ended_s``)
+    less the job's engine start-up inside it, which ``time_s.engine_startup`` counts."""
+    if not span:
+        return 0.0
+    began, ended = span["began_s"], span["ended_s"]
+    inside = sum(
+        max(0.0, min(ended, e - clock_start) - max(began, b - clock_start)) for b, e in startups
+    )
+    return max(0.0, ended - began - inside)
 
 
 def startup_seconds(
@@ -66,13 +84,18 @@ def startup_seconds(
 
 
 def _report(
-    job: JobRun, engines: EnginePool, times: Timings, stopped: dict[str, Any] | None
+    job: JobRun,
+    engines: EnginePool,
+    times: Timings,
+    stopped: dict[str, Any] | None,
+    canary_s: float = 0.0,
 ) -> dict[str, Any]:
     """This run's figures, the whole output's counts from the commit markers, written
     after the stale files of dead or losing attempts are deleted."""
     spec, output, runner, manifest = job.spec, job.output, job.runner, job.manifest
     markers = output.shards.committed()
     report = build_report(spec.name, runner.totals, times, engines.stats, engines.info, spec.cost)
+    report["time_s"]["canary"] = round(canary_s, 3)  # its own band: not in generate
     report.update(output_section(manifest, markers, runner.failures))
     report["this_run"] = {
         "attempt": runner.attempt,
