@@ -24,6 +24,7 @@ import pyarrow as pa
 from nightshift.engines.base import EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.io.planstore import PlanStore
+from nightshift.jobs.columns import kept_rows
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
@@ -182,17 +183,18 @@ class RequestFeed:
 
     def _encode(self, shard: int, records: pl.DataFrame) -> list[EngineRequest]:
         token_ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
-        kept = records.select(self.keep).to_dicts() if self.keep else [{}] * records.height
+        # under their results' names: a kept `text` is input_text (jobs.columns.kept_name)
+        kept = kept_rows(records, self.keep) if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()
         samplings = self._samplings(records)
         adapters = self._adapters(records)
+        with self._pending_lock:  # counted before any of them can come back, at once
+            self._pending[shard] += len(ids)
         requests = []
         for record_id, row, tokens, sampling, adapter in zip(
             ids, kept, token_ids, samplings, adapters, strict=True
         ):
             key = next(self._keys)
-            with self._pending_lock:  # counted before the request can come back
-                self._pending[shard] += 1
             self.in_flight[key] = Pending(shard, record_id, row, tokens, 1, sampling, adapter)
             requests.append(EngineRequest(key, tokens, sampling, adapter))
         return requests
