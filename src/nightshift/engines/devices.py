@@ -143,21 +143,34 @@ def _try_hold(count: int, given: list[str], keys: list[str]) -> Placement | None
     placement = Placement(())
     folder = lock_folder()
     for device, key in zip(given, keys, strict=True):
-        f = (folder / f"{key}.lock").open("a+")
+        f = _open_lock(folder / f"{key}.lock")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
             continue
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        with contextlib.suppress(OSError):  # another user's file: locked, not written
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
         placement._files.append(f)
         placement.devices += (device,)
         if len(placement.devices) == count:
             return placement
     placement.release()
     return None
+
+
+def _open_lock(path: Path) -> IO[str]:
+    """A device's lock file, writable by every user of the host; one another user made
+    is opened read-only (a lock needs no write access)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)  # past the umask: the next user's job may write it too
+        return os.fdopen(fd, "r+")
+    except PermissionError:
+        return path.open("r")
 
 
 def _lock_keys(given: list[str]) -> list[str]:
