@@ -199,7 +199,10 @@ def test_anthropic_lines(tmp_path):
         "stop": ["\n\n"],
     }
     codes = [bad[n].code for n in sorted(bad)]
-    assert codes == ["unsupported_parameter"] * 4 + [
+    # thinking without its budget_tokens: a bad value (a reasoning model honours it)
+    assert bad[sorted(bad)[2]].param == "params.thinking.budget_tokens"
+    assert codes == ["unsupported_parameter"] * 2 + ["invalid_request"] + [
+        "unsupported_parameter",
         "model_not_found",
         "missing_custom_id",
         "invalid_json",
