@@ -50,7 +50,7 @@ def _spec(models, tmp_path, write_spec, **input_keys) -> dict:
     return data
 
 
-@pytest.mark.parametrize("role", ["keep", "id"])
+@pytest.mark.parametrize("role", ["id"])  # a kept one is written as input_<name>: below
 @pytest.mark.parametrize("name", sorted(OUTPUT_COLUMNS))
 def test_every_column_nightshift_writes_is_refused_as_an_input_column(
     models, tmp_path, write_spec, name, role
@@ -65,7 +65,7 @@ def test_every_column_nightshift_writes_is_refused_as_an_input_column(
     assert not (tmp_path / "out" / "plan").exists()  # refused before anything ran
 
 
-@pytest.mark.parametrize("role", ["keep", "id"])
+@pytest.mark.parametrize("role", ["id"])
 @pytest.mark.parametrize("name", sorted(DETAIL_COLUMNS))
 def test_with_a_sampling_column_its_detail_column_is_refused_too(
     models, tmp_path, write_spec, name, role
@@ -75,6 +75,41 @@ def test_with_a_sampling_column_its_detail_column_is_refused_too(
     result = _run(write_spec(_spec(models, tmp_path, write_spec, sampling_column="own", **keys)))
     assert result.exit_code == 2, result.output
     assert "input" in result.output and name in result.output and "rename" in result.output
+
+
+def test_a_kept_column_named_like_an_output_column_is_written_as_input_name(
+    models, tmp_path, write_spec
+):
+    """keep_columns: [text] beside the answer's text: the answer keeps its name, the
+    user's column is input_text, for every name nightshift writes (repeats answered from
+    another record included)."""
+    names = sorted((OUTPUT_COLUMNS | DETAIL_COLUMNS) - {"ticket_id"})
+    rows = [
+        {"ticket_id": f"t{i}", "subject": "s", "body": f"body {i % 4}", "own": "{}",
+         **{name: f"{name}-{i}" for name in names}}
+        for i in range(12)
+    ]  # fmt: skip
+    write_records(tmp_path / "in" / "p.parquet", rows)
+    data = _spec(models, tmp_path, write_spec, sampling_column="own", keep_columns=names)
+    data["task"] = {"kind": "generate"}
+    result = _run(write_spec(data))
+    assert result.exit_code == 0, result.output
+    out = str(tmp_path / "out")
+    written = [read_table(JobOutput(out), uri) for uri in committed_files(out, "results")]
+    got = {r["ticket_id"]: r for t in written for r in t.to_pylist()}
+    assert len(got) == 12 and any(r["answered_from"] for r in got.values())  # copies too
+    for record_id, row in got.items():
+        i = int(record_id[1:])
+        assert all(row[f"input_{name}"] == f"{name}-{i}" for name in names), row
+        assert row["text"] != f"text-{i}" and row["finish_reason"] != f"finish_reason-{i}"
+
+
+def test_two_kept_columns_written_under_one_name_are_refused(models, tmp_path, write_spec):
+    _input(tmp_path, ["text", "input_text"])
+    keys = {"keep_columns": ["text", "input_text"]}
+    result = _run(write_spec(_spec(models, tmp_path, write_spec, **keys)))
+    assert result.exit_code == 2, result.output
+    assert "input.keep_columns: input_text would be written twice" in result.output
 
 
 def _written_columns(location: str) -> set[str]:

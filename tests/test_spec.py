@@ -169,9 +169,10 @@ def test_shipped_configs_validate():
     assert classify.engine.kv_cache_dtype == "fp8" and classify.engine.enable_prefix_caching
 
 
-def test_kept_columns_may_not_clash_with_output_columns():
-    [err] = errors_for(with_change("input.keep_columns", ["subject", "text"]))
-    assert err.key == "input.keep_columns" and "text would clash" in str(err)
+def test_kept_columns_may_not_be_written_under_one_name():
+    [err] = errors_for(with_change("input.keep_columns", ["subject", "text", "input_text"]))
+    assert err.key == "input.keep_columns" and "input_text would be written twice" in str(err)
+    assert validate_spec(with_change("input.keep_columns", ["text"])).input.keep_columns == ["text"]
 
 
 def test_empty_placeholder_is_refused():

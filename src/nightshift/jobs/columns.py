@@ -1,8 +1,10 @@
 """The columns of a job's output: those nightshift writes, and the input types it reads.
 
 The results and failed tables (``running.results``) take their own columns from
-``written_fields`` below, and the spec refuses an id or kept column of any name it gives
-(``OUTPUT_COLUMNS``): one list, so a new output column is refused as input at once.
+``written_fields`` below, and the spec refuses an id column of any name it gives
+(``OUTPUT_COLUMNS``): one list, so a new output column is refused as an id at once. A
+kept column of such a name is written as ``input_<name>`` (``kept_name``): the answer's
+columns keep their names, the user's column is not lost.
 rejects.parquet renames its own two columns around the input's instead
 (``io.planstore.reject_column_names``).
 
@@ -13,6 +15,9 @@ turns that into one clear error naming the column and the spec key that asked fo
 
 from __future__ import annotations
 
+from typing import Any
+
+import polars as pl
 import pyarrow as pa
 
 from nightshift.errors import SpecError
@@ -73,6 +78,21 @@ def _names_written(detail: bool) -> frozenset[str]:
 OUTPUT_COLUMNS = _names_written(detail=False)
 # ... and with input.sampling_column, none of these either.
 DETAIL_COLUMNS = _names_written(detail=True) - OUTPUT_COLUMNS
+
+
+# A kept input column named like one of these is written as ``input_<name>``: the answer
+# keeps its name (``text``), and so does every other column nightshift writes.
+KEPT_PREFIX = "input_"
+
+
+def kept_name(column: str) -> str:
+    """The results' name of kept input column ``column``."""
+    return KEPT_PREFIX + column if column in OUTPUT_COLUMNS | DETAIL_COLUMNS else column
+
+
+def kept_rows(records: pl.DataFrame, keep: list[str]) -> list[dict[str, Any]]:
+    """Each record's kept columns under their results' names (``kept_name``)."""
+    return records.select([pl.col(c).alias(kept_name(c)) for c in keep]).to_dicts()
 
 
 def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:

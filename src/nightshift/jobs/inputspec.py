@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from nightshift.jobs.columns import DETAIL_COLUMNS, OUTPUT_COLUMNS
+from nightshift.jobs.columns import DETAIL_COLUMNS, OUTPUT_COLUMNS, kept_name
 from nightshift.jobs.section import Section as _Section
 from nightshift.jobs.section import without_defaults as _without_defaults
 
@@ -48,13 +48,15 @@ class InputSpec(_Section):
     @field_validator("keep_columns")
     @classmethod
     def _keep_columns_do_not_clash(cls, columns: list[str]) -> list[str]:
-        clash = sorted(set(columns) & OUTPUT_COLUMNS)
+        columns = list(dict.fromkeys(columns))
+        names = [kept_name(c) for c in columns]  # text is written as input_text
+        clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
             raise ValueError(
-                f"{', '.join(clash)} would clash with the output column of that name; "
-                "rename the input column or leave it out"
+                f"{', '.join(clash)} would be written twice (a kept column named like an "
+                "output column is written as input_<name>); leave one of them out"
             )
-        return list(dict.fromkeys(columns))
+        return columns
 
     sampling_column: str | None = Field(
         default=None,
@@ -74,7 +76,7 @@ class InputSpec(_Section):
 
     @model_validator(mode="after")
     def _detail_does_not_clash(self) -> InputSpec:
-        clash = sorted(DETAIL_COLUMNS & {self.id_column, *self.keep_columns})
+        clash = sorted(DETAIL_COLUMNS & {self.id_column})  # a kept one: input_<name>
         if self.sampling_column is not None and clash:
             raise ValueError(
                 f"with sampling_column, results have a {', '.join(clash)} column; rename "

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from nightshift.io.planstore import PlanStore
+from nightshift.jobs.columns import kept_rows
 from nightshift.scheduling.dedup import ANSWERED_FROM
 
 _SENT = ("prompt_tokens", "output_tokens", "cached_tokens")
@@ -66,7 +67,7 @@ class CopyBook:
             ids = records[id_column].to_list()  # a set lookup each: not the set per batch
             records = records.filter(pl.Series([i in wanted for i in ids], dtype=pl.Boolean))
             for record_id, row in zip(
-                records[id_column].to_list(), records.select(keep).to_dicts(), strict=True
+                records[id_column].to_list(), kept_rows(records, keep), strict=True
             ):
                 kept[record_id] = row
         return kept

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from nightshift.engines.base import EngineResult, TokenLogprob
 from nightshift.errors import RecordError
-from nightshift.jobs.columns import DETAIL_COLUMN, written_fields
+from nightshift.jobs.columns import DETAIL_COLUMN, kept_name, written_fields
 from nightshift.jobs.tasks import TaskHandler
 
 
@@ -32,7 +32,9 @@ class ResultTables:
     ):
         self.task, self.detail, self.reasoning = task, detail, reasoning
         keep = [c for c in keep if c != id_column]  # the id is always the first column
-        head = [input_schema.field(id_column)] + [input_schema.field(c) for c in keep]
+        # a kept column named like an output column is input_<name> (jobs.columns.kept_name)
+        kept = [input_schema.field(c).with_name(kept_name(c)) for c in keep]
+        head = [input_schema.field(id_column), *kept]
         # nightshift's own columns: the spec refuses input columns of these names
         # (jobs.columns.OUTPUT_COLUMNS is made from the same list)
         id_type = input_schema.field(id_column).type
