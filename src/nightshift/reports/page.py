@@ -110,6 +110,8 @@ def time_section(report: dict[str, Any]) -> Section:
     parts = [("planning", s["plan"]), ("engine start-up", s["engine_startup"])]
     if s.get("prepare"):
         parts.insert(0, ("nightshift and Prefect start-up", s["prepare"]))
+    if s.get("canary"):  # its own band, never generation (reports.assemble)
+        parts.append(("the canary's sample runs", s["canary"]))
     parts.append(("generation", s["generate"]))
     shares = ", ".join(f"{name} {percent(_ratio(secs, s['total']))}" for name, secs in parts)
     overlap = s.get("startup_during_plan", 0.0)
@@ -126,7 +128,7 @@ def time_section(report: dict[str, Any]) -> Section:
     if overlap:
         section.add("start-up during planning", f"{overlap:,.1f}", "s")
     for key, name in GENERATE_PARTS:  # generation as report.png's phases split it
-        if key in s:
+        if key in s and (s[key] or key != "generate_canary"):  # a canary: its own band
             section.add(name, f"{s[key]:,.1f}", "s")
     return section
 
@@ -347,9 +349,8 @@ def _shard_time_note(report: dict[str, Any]) -> str:
     return (
         " A shard's seconds run from its first answer to its commit, so together they "
         f"span the answering time ({s['generate_answering']:,.1f} s), not the whole "
-        f"generation ({s['generate']:,.1f} s), which also counts the canary "
-        f"({s.get('generate_canary', 0.0):,.1f} s) and the wait before the first answer "
-        f"({s.get('generate_before_first_answer', 0.0):,.1f} s)."
+        f"generation ({s['generate']:,.1f} s), which also counts the wait before the "
+        f"first answer ({s.get('generate_before_first_answer', 0.0):,.1f} s)."
     )
 
 
