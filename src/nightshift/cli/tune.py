@@ -50,7 +50,10 @@ def tune(
         None, "--write", help="Write the spec with the chosen setting here."
     ),
     folder: Path = typer.Option(
-        None, "--dir", help="Where tune.json/.md/.png go (default OUTPUT.tune)."
+        None,
+        "--dir",
+        help="Where tune.json/.md/.png and the runs go (default OUTPUT.tune): a new or "
+        "empty folder, or an earlier tune's; one holding other files is refused.",
     ),
     gpu: str = typer.Option(
         None,
