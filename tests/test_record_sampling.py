@@ -149,19 +149,23 @@ def test_dedup_and_the_cache_keep_apart_records_that_differ_only_in_sampling(mod
 
 def test_a_job_without_the_new_keys_is_unchanged(models, tmp_path):
     """Same fingerprint and cache scope as before the keys existed, and no detail column."""
+    from nightshift.engines.identity import engine_identity
     from nightshift.io.responsecache import scope_digest
-    from nightshift.jobs.fingerprint import plan_stamp
+    from nightshift.jobs.fingerprint import fingerprint, plan_stamp
     from nightshift.jobs.tasks import handler_for, sampling_for
     from nightshift.scheduling.cachescope import cache_scope
 
     data = spec_dict("example-org/no-such-model", "/in", Path("/out"))
     data["sampling"] = {"max_tokens": 8, "stop": ["\n"]}
     spec = validate_spec(data)
-    stamp = plan_stamp(spec)
+    inputs = dict(plan_stamp(spec)["fingerprint_inputs"])
     sampling = sampling_for(spec, handler_for(spec.task))
-    # computed by nightshift before input.sampling_column and prompt.chat_template
-    assert stamp["fingerprint"] == "b922451cf525b76b"
-    assert scope_digest(cache_scope(stamp["fingerprint_inputs"], sampling)) == (
+    # The engine and its version were added on purpose (an upgrade changes answers; a
+    # plan without them still resumes): the rest is as nightshift computed it before
+    # input.sampling_column and prompt.chat_template.
+    assert inputs.pop("engine") == engine_identity(spec.run.engine)
+    assert fingerprint(inputs) == "b922451cf525b76b"
+    assert scope_digest(cache_scope(inputs, sampling)) == (
         "7d04a89d6e39c966b176d080e1a954f82075d1990d6a959362cfb36900eb333d"
     )
     rows = [{"id": "a", "body": "some ticket", "s": '{"max_tokens": 2}'}]

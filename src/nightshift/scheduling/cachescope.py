@@ -22,7 +22,6 @@ SCOPE_KEYS = (
     "model.max_model_len",
     "engine.kv_cache_dtype",
     "engine.extra",
-    "engine",  # never an answer across engine versions (engines.identity)
 )
 SAMPLE_ANSWERS = 500
 
@@ -44,6 +43,8 @@ def cache_scope(
         **{k: fingerprint_inputs.get(k) for k in SCOPE_KEYS},
         "sampling": _sampling_dump(sampling),
     }
+    if fingerprint_inputs.get("engine") is not None:  # never across engine versions
+        scope["engine"] = fingerprint_inputs["engine"]
     if adapter is not None:  # base-model answers keep the scope they had before adapters
         scope["adapter"] = (fingerprint_inputs.get("model.adapters") or {}).get(adapter, adapter)
     return scope
@@ -53,7 +54,15 @@ def _sampling_dump(sampling: Sampling) -> dict[str, Any]:
     """The sampling, less the settings added for per-record sampling where they hold
     their default: a job's scope, and the answers cached under it, stay as they were."""
     data = dataclasses.asdict(sampling)
-    defaults = (("n", 1), ("logprobs", None), ("top_k", 0), ("score_tokens", ()), ("pooling", None))
+    defaults = (
+        ("n", 1),
+        ("logprobs", None),
+        ("top_k", 0),
+        ("score_tokens", ()),
+        ("pooling", None),
+        ("reasoning", False),
+        ("reasoning_budget", None),
+    )
     for key, default in defaults:
         if data[key] == default:
             del data[key]
