@@ -95,8 +95,12 @@ def test_tune_dir_refuses_a_folder_of_other_files_and_takes_its_own(
     # a new folder, then the same folder again: an earlier tune's is the tune's own
     fresh = tmp_path / "fresh"
     assert tune(spec, "--dir", str(fresh)).exit_code == 0
+    (fresh / "runs" / "job" / "notes.txt").write_text("mine")  # inside a run: never touched
     again = tune(spec, "--dir", str(fresh))
     assert again.exit_code == 0, again.output
+    assert (fresh / "runs" / "job" / "notes.txt").read_text() == "mine"
+    (fresh / "notes.txt").write_text("mine too")  # beside the tune's own files: refused
+    assert tune(spec, "--dir", str(fresh)).exit_code == 2
 
 
 def test_candidates_never_share_a_folder():

@@ -246,12 +246,11 @@ def _a_tune(folder: Path) -> bool:
 
 
 def _ours(name: str) -> bool:
-    """A file an earlier tune wrote: its own files by name, its samples, and the runs'
-    outputs, where a job run's own rules keep anything else (``io.outputs``)."""
+    """A name an earlier tune writes: its own files, its samples (sample.parquet before
+    rounds), its logs and its runs' outputs, where each job run replaces only its own
+    keys by name (``io.outputs``), so another file there is never touched."""
     import re
 
-    if name in TUNE_FILES or re.fullmatch(r"sample/round-\d+\.parquet", name):
+    if name in TUNE_FILES or re.fullmatch(r"sample(/round-\d+)?\.parquet", name):
         return True
-    return bool(
-        re.fullmatch(r"(runs|check)/[^/]+\.log|(runs/[^/]+/round-\d+|check/(job|chosen))/.+", name)
-    )
+    return bool(re.fullmatch(r"(runs|check)/.+", name))
