@@ -286,3 +286,12 @@ def test_the_advice_follows_the_levers_table(models, tmp_path, write_spec):
             assert "changes nothing here" in c["advice"]
         seen.add(says_raise)
     assert seen == {True, False}  # both cases met
+
+
+def test_a_float32_checkpoint_under_dtype_auto_is_planned_in_bf16_as_vllm_runs_it():
+    from nightshift.capacity.shape import gpu_dtype
+
+    config = {"torch_dtype": "float32"}
+    assert gpu_dtype(config, "auto") == "bfloat16"  # vLLM downcasts on a GPU
+    assert gpu_dtype(config, "float32") == "float32"  # asked for: kept, at the FP32 rate
+    assert gpu_dtype({"torch_dtype": "bfloat16"}, "auto") == "auto"

@@ -142,6 +142,13 @@ def weight_bytes(config: dict[str, Any], dtype: str = "auto") -> float:
     return DTYPE_BYTES.get(str(name), 2)
 
 
+def gpu_dtype(config: dict[str, Any], dtype: str = "auto") -> str:
+    """The dtype vLLM runs a model in on a GPU: ``auto`` downcasts a float32 checkpoint
+    to the platform's first dtype, bfloat16 (vllm 0.33.0 config/model.py:2440-2442)."""
+    name = config.get("torch_dtype") or config.get("dtype")
+    return "bfloat16" if dtype == "auto" and str(name) == "float32" else dtype
+
+
 def kv_width(kv_cache_dtype: str, config: dict[str, Any], dtype: str = "auto") -> int:
     """Bytes per cached key or value element: 1 for an FP8 cache, else the model's dtype."""
     if kv_cache_dtype.startswith("fp8"):

@@ -24,7 +24,7 @@ from nightshift.capacity.predict import (
     predict,
 )
 from nightshift.capacity.roofline import ARITHMETIC, BANDWIDTH, Hardware, hardware
-from nightshift.capacity.shape import ModelShape, kv_width, local_config, model_shape
+from nightshift.capacity.shape import ModelShape, gpu_dtype, kv_width, local_config, model_shape
 from nightshift.engines.tokenizer import model_source
 from nightshift.errors import SpecError
 from nightshift.jobs.platform import batch_limits, device_class
@@ -102,7 +102,7 @@ class Planner:
         return EngineSettings(e.kv_cache_dtype, seqs, tokens, e.gpu_memory_utilization)
 
     def kv_width(self, kv_cache_dtype: str) -> int:
-        return kv_width(kv_cache_dtype, self.config, self.spec.model.dtype)
+        return kv_width(kv_cache_dtype, self.config, gpu_dtype(self.config, self.spec.model.dtype))
 
 
 def output_estimate(spec: JobSpec, given: int | None) -> tuple[float, str]:
@@ -128,7 +128,7 @@ def prepare(spec: JobSpec, gpu: str, gpus: int | None, output_tokens: int | None
     """Check the model config, the GPU and that the weights fit, before any planning."""
     config = read_config(spec.model.path)
     try:
-        shape = model_shape(config, spec.model.dtype)
+        shape = model_shape(config, gpu_dtype(config, spec.model.dtype))
     except ValueError as exc:
         raise SpecError("model.path", f"config.json: {exc}", NO_WEIGHTS) from None
     out, source = output_estimate(spec, output_tokens)
