@@ -45,7 +45,7 @@ def test_valid_spec_loads_with_defaults():
 def test_unknown_key_is_named_with_its_path():
     [err] = errors_for(with_change("sampling.max_tokenz", 8))
     assert err.key == "sampling.max_tokenz"
-    assert "unknown key" in str(err) and "spelling" in str(err)
+    assert "unknown key" in str(err) and "did you mean sampling.max_tokens?" in str(err)
 
 
 def test_unknown_top_level_section():
