@@ -127,21 +127,27 @@ def gpu_for_device(device: str) -> str | None:
 
 
 def local_gpu() -> str | None:
-    """The table's name for this host's first GPU, from ``nvidia-smi`` (not torch.cuda:
-    CUDA initialised in nightshift's own process makes vLLM spawn every later engine)."""
+    """The table's name for this host's first GPU (None: no GPU, or none in the table)."""
+    names = local_gpu_names()
+    return gpu_for_device(names[0]) if names else None
+
+
+def local_gpu_names() -> list[str]:
+    """nvidia-smi's name of each of this host's GPUs ("NVIDIA H100 80GB HBM3"); empty
+    without nvidia-smi. Not torch.cuda: CUDA initialised in nightshift's own process
+    makes vLLM spawn every later engine."""
     import shutil
     import subprocess
 
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return None
+        return []
     query = [smi, "--query-gpu=name", "--format=csv,noheader"]
     try:
         names = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    lines = names.strip().splitlines()
-    return gpu_for_device(lines[0]) if lines else None
+        return []
+    return [line.strip() for line in names.strip().splitlines() if line.strip()]
 
 
 def find_gpu(name: str, overrides: dict[str, GpuSpec] | None = None) -> GpuSpec:

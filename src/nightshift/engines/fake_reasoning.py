@@ -10,12 +10,20 @@ has no answer at all (``reasoning_unfinished``), as a real model's would.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 
 from nightshift.engines.base import Choice, Sampling
 
 AnswerOf = Callable[[list[int], Sampling, int], Choice]  # the fake's own answer to a prompt
+
+
+def _digest(token_ids: list[int]) -> int:
+    """The fake engine's digest of a token sequence (``engines.fake._digest``, the same
+    value), here so the two modules import one way."""
+    text = ",".join(map(str, token_ids))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 def thought_length(seed: int) -> int:
@@ -25,8 +33,6 @@ def thought_length(seed: int) -> int:
 
 def think_then_answer(answer: AnswerOf, ids: list[int], sampling: Sampling, draw: int) -> Choice:
     """One choice of a reasoning model: thinking up to the budget, then ``answer``'s."""
-    from nightshift.engines.fake import _digest
-
     wants = thought_length(_digest([*ids, -7]))
     budget = sampling.reasoning_budget
     thinks = wants if budget is None else min(wants, budget)

@@ -125,7 +125,7 @@ def _report(
     if runner.cache is not None:  # cache.path: answers found there, and stored
         report["response_cache"] = runner.cache.section()
     c = report["cost"]  # beside the providers' batch prices (reports.compare)
-    ran_on = engine_hardware(engines.info.name if engines.info else None)
+    ran_on = engine_hardware(engines.info.name if engines.info else None, _devices(engines))
     report["cost_compare"] = compare_section(
         spec.cost, c["usd_total"], c["input_share"], report["this_run"]["tokens"], ran_on
     )
@@ -160,3 +160,12 @@ def _report(
     output.shards.delete_unnamed(runner.attempt)  # after this run's last commit
     write_report_files(output, report)
     return report
+
+
+def _devices(engines: Any) -> int:
+    """How many GPUs one engine of this run held (placement), 0 on a CPU host."""
+    for entry in engines.placements:
+        visible = entry.get("cuda_visible_devices")
+        if visible:
+            return len(visible.split(","))
+    return 0

@@ -9,9 +9,9 @@ output tokens. A provider is priced on the same tokens, cached ones at its cache
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from nightshift.capacity.gpus import local_gpu_names
 from nightshift.jobs.spec import CostSpec, ProviderPrice
 
 PRICES_AS_OF = "2026-12-01"
@@ -96,19 +96,15 @@ def hardware_note(cost: CostSpec, ran_on: str) -> str | None:
     return f"priced as {cost.gpus}x {cost.gpu}; the engine ran on {ran_on}"
 
 
-def engine_hardware(engine_name: str | None) -> str:
-    """What the engine ran on, in words, without importing anything heavy: the fake
-    engine ran no model; vLLM ran on the GPU torch sees, else on a CPU."""
+def engine_hardware(engine_name: str | None, devices: int = 0) -> str:
+    """What the engine ran on, in words: the fake engine ran no model; vLLM ran on the
+    ``devices`` GPUs placement gave it (named by nvidia-smi, never torch.cuda: CUDA
+    initialised in nightshift's own process makes vLLM spawn every later engine), else
+    on a CPU."""
     if engine_name in (None, "fake"):
         return "a CPU (the fake engine: no model ran)"
-    torch = sys.modules.get("torch")  # loaded by vLLM in this process, if it ran here
-    try:
-        if torch is not None and torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            return f"{count}x {torch.cuda.get_device_name(0)}"
-    except Exception:  # a broken CUDA setup: the report still gets written
-        pass
-    return "a CPU"
+    names = local_gpu_names() if devices else []
+    return f"{devices}x {names[0]}" if names else "a CPU"
 
 
 def compare_lines(section: dict[str, Any]) -> list[str]:
