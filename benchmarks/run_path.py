@@ -1,0 +1,265 @@
+"""The run path at GPU speed: nightshift's own cost per record, on the fake engine.
+
+Tickets (the demo's, ``--records`` of them in 8 files) go through the commands users
+run, on ``run.engine: fake`` (``configs/classify.yaml``'s job: scored labels, the real
+SmolLM2 tokenizer; ``configs/embed.yaml``'s; a ``batch run`` of OpenAI chat lines).
+Each run is a subprocess; its report gives the split of its time (start-up, plan,
+generation, wrap-up) and ``ru_maxrss`` of the children its peak memory. Then the same
+requests, read from the run's own plan and sampling, go through a fresh fake engine
+alone: nightshift's own cost per record is the run's generation time less that engine
+time, over the records. ``--kill-at 0.5`` also kills a run (SIGKILL, its whole process
+group) at half its generation and times the rerun against the full run.
+
+    nice -n 10 .venv/bin/python benchmarks/run_path.py --records 100000 [--records 1000000]
+        [--jobs classify embed batch] [--kill-at 0.5] [--profile]
+
+Writes benchmarks/results/run_path.json (``--out`` for another file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NIGHTSHIFT = ROOT / ".venv" / "bin" / "nightshift"
+TOKENIZER = ROOT / ".nightshift" / "smollm2-135m-instruct"
+
+
+def make_tickets(folder: Path, records: int, files: int = 8) -> Path:
+    """``records`` short demo tickets in ``files`` Parquet files, written once per size."""
+    from nightshift.demo.tickets import write_tickets
+
+    target = folder / f"tickets-{records}"
+    if not (target / ".done").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        write_tickets(target, count=records, files=files, seed=40)
+        (target / ".done").touch()
+    return target
+
+
+def job_spec(kind: str, inputs: Path, output: Path) -> dict:
+    """The example job of ``kind`` as a user runs it, on the fake engine."""
+    spec = yaml.safe_load((ROOT / "configs" / f"{kind}.yaml").read_text())
+    spec["input"]["path"] = str(inputs / "*.parquet")
+    spec["model"]["path"] = str(TOKENIZER)
+    spec["output"]["path"] = str(output)
+    spec["run"] = {**spec.get("run", {}), "engine": "fake", "canary": False}
+    spec.get("plan", {}).pop("shard_records", None)  # the default shard size
+    spec.pop("eval", None) if kind != "classify" else None
+    return spec
+
+
+def batch_file(inputs: Path, path: Path) -> Path:
+    """The tickets as OpenAI chat lines (one request a line), for ``batch run``."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(inputs), format="parquet").to_table(columns=["ticket_id", "body"])
+    with path.open("w") as out:
+        for batch in table.to_batches(65_536):
+            for tid, body in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                body_json = {
+                    "model": TOKENIZER.name,
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"Label: {body}"}],
+                }
+                line = {"custom_id": tid, "method": "POST", "url": "/v1/chat/completions"}
+                out.write(json.dumps({**line, "body": body_json}) + "\n")
+    return path
+
+
+def run_command(command: list[str], log: Path, kill_when=None) -> dict:
+    """Run ``command`` to its end, or SIGKILL its process group once ``kill_when()``."""
+    env = {**os.environ, "NIGHTSHIFT_FAKE_FAST": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    began = time.monotonic()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        while kill_when is not None and process.poll() is None and not kill_when():
+            time.sleep(0.2)
+        if process.poll() is None and kill_when is not None:
+            os.killpg(process.pid, signal.SIGKILL)
+        rc = process.wait()
+    wall = time.monotonic() - began
+    peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    if rc not in (0, -signal.SIGKILL):
+        raise SystemExit(f"{' '.join(command)} exited {rc}: see {log}")
+    return {"wall_s": round(wall, 2), "returncode": rc, "peak_gib_so_far": round(peak_gib, 3)}
+
+
+def engine_alone(spec_path: Path, output: Path) -> dict:
+    """The fake engine alone on the run's own requests (its plan, its sampling)."""
+    from nightshift.engines.fake import FakeEngine
+    from nightshift.io.outputs import JobOutput
+    from nightshift.jobs.loading import load_spec
+    from nightshift.jobs.tasks import sampling_for
+    from nightshift.running.calibration import LabelCalibration
+    from nightshift.running.feed import RequestFeed
+    from nightshift.scheduling.plan import load_encoder
+
+    spec = load_spec(spec_path)
+    out = JobOutput(str(output))
+    manifest = out.plans.manifest()
+    encoder = load_encoder(spec)
+    handler = LabelCalibration.for_run(spec, out.plans, manifest, encoder).handler
+    sampling = sampling_for(spec, handler)
+    feed = RequestFeed(spec, out.plans, encoder, sampling=sampling)
+    began = time.perf_counter()  # reading, rendering and encoding alone, as the run does
+    requests = list(feed.requests([s["index"] for s in manifest["shards"]["each"]]))
+    encoding = time.perf_counter() - began
+    feed.close()
+    os.environ["NIGHTSHIFT_FAKE_FAST"] = "1"
+    engine = FakeEngine.from_environment(
+        block_size=16, max_num_seqs=spec.engine.max_num_seqs or 256, embedding_size=384
+    )
+    began = time.perf_counter()
+    answered = sum(1 for _ in engine.run(requests, sampling))
+    seconds = time.perf_counter() - began
+    return {"requests": answered, "seconds": round(seconds, 3), "encoding_s": round(encoding, 3)}
+
+
+def figures(report: dict, alone: dict, run: dict) -> dict:
+    """records/s, own µs a record while generating, and the fixed time's split."""
+    t = report["time_s"]
+    records = report["this_run"]["records_answered"]
+    generate = t["generate"]
+    return {
+        "records": records,
+        "wall_s": run["wall_s"],
+        "records_per_s_end_to_end": round(records / run["wall_s"]),
+        "records_per_s_generating": round(records / generate) if generate else None,
+        "generate_s": round(generate, 2),
+        "engine_alone_s": alone["seconds"],
+        "engine_us_per_record": round(1e6 * alone["seconds"] / max(1, alone["requests"]), 2),
+        "own_us_per_record": round(1e6 * (generate - alone["seconds"]) / max(1, records), 1),
+        # of which the feed's reading, rendering and tokenizing, timed alone (a thread of
+        # its own in the run, overlapping the rest: the two do not add up)
+        "encode_us_per_record": round(1e6 * alone["encoding_s"] / max(1, records), 1),
+        "fixed_s": {  # start-up: the process's own before the run's clock, and prepare
+            "startup": round(run["wall_s"] - t["total"] + t["prepare"], 2),
+            "plan": round(t["plan"], 2),
+            "wrap_up": round(t["wrap_up"], 2),
+        },
+        "time_s": t,
+    }
+
+
+def run_job(kind: str, inputs: Path, work: Path, args) -> dict:
+    """One job of ``kind`` over ``inputs``: its figures, and the kill-and-rerun's."""
+    output = work / f"out-{kind}"
+    spec_path = work / f"{kind}.yaml"
+    spec_path.write_text(yaml.safe_dump(job_spec(kind, inputs, output), sort_keys=False))
+    command = [str(NIGHTSHIFT), "jobs", "run", str(spec_path), "--overwrite"]
+    if args.profile:  # collapsed stacks, for flamegraph.pl or a grep
+        where = str(args.cache / f"{kind}-{inputs.name}.prof")
+        spy = [str(ROOT / ".venv/bin/py-spy"), "record", "-r", "100", "--threads"]
+        command = [*spy, "--format", "raw", "-o", where, "--", str(NIGHTSHIFT), *command[1:]]
+    run = run_command(command, work / f"{kind}.log")
+    report = json.loads((output / "report.json").read_text())
+    result = figures(report, engine_alone(spec_path, output), run)
+    result["peak_gib"] = run["peak_gib_so_far"]
+    if args.kill_at:
+        result["kill_and_rerun"] = kill_and_rerun(command, result, output, work, kind, args)
+    return result
+
+
+def run_batch(inputs: Path, work: Path, args) -> dict:
+    """``nightshift batch run`` on the tickets as OpenAI chat lines, on the fake engine.
+    Its own cost is given as generation time a record (the fast fake engine's few µs
+    not taken off: an upper bound)."""
+    lines = batch_file(inputs, work / "requests.jsonl")
+    output = work / "results.jsonl"
+    command = [str(NIGHTSHIFT), "batch", "run", str(lines), str(output), "--model",
+               str(TOKENIZER), "--set", "run.engine=fake", "--set", "run.canary=false"]  # fmt: skip
+    run = run_command(command, work / "batch.log")
+    report = json.loads((Path(f"{output}.nightshift") / "job" / "report.json").read_text())
+    t, records = report["time_s"], report["this_run"]["records_answered"]
+    return {
+        "records": records,
+        "wall_s": run["wall_s"],
+        "records_per_s_end_to_end": round(records / run["wall_s"]),
+        "records_per_s_generating": round(records / t["generate"]),
+        "generate_us_per_record": round(1e6 * t["generate"] / records, 1),
+        "fixed_s": {
+            "startup": round(run["wall_s"] - t["total"] + t["prepare"], 2),
+            "plan": round(t["plan"], 2),
+            "wrap_up": round(t["wrap_up"], 2),
+        },
+        "peak_gib": run["peak_gib_so_far"],
+    }
+
+
+def kill_and_rerun(command: list[str], result: dict, output: Path, work: Path, kind, args):
+    """SIGKILL a fresh run at ``--kill-at`` of its generation (by the full run's start-up
+    and plan times), then rerun it to the end; the rerun's time against the full run's."""
+    from nightshift.io.outputs import JobOutput
+
+    out = JobOutput(str(output))
+
+    def half_done() -> bool:  # by the records checkpointed or committed (a load-free clock)
+        manifest = out.plans.manifest()
+        if manifest is None:
+            return False
+        markers = out.shards.committed()
+        done = sum(m["records"]["planned"] for m in markers.values())
+        for shard in (s["index"] for s in manifest["shards"]["each"] if s["index"] not in markers):
+            done += sum(f.rows for f in out.shards.checkpoint(shard))
+        return done >= args.kill_at * result["records"]
+
+    shutil.rmtree(output)  # the full run's output would read as done at once
+    began = time.monotonic()
+    killed = run_command(command, work / f"{kind}-killed.log", kill_when=half_done)
+    at = time.monotonic() - began
+    rerun = run_command(command[:-1], work / f"{kind}-rerun.log")  # resume, no --overwrite
+    report = json.loads((output / "report.json").read_text())
+    return {
+        "killed_at_s": round(at, 1),
+        "killed": killed,
+        "rerun_wall_s": rerun["wall_s"],
+        "rerun_share_of_full": round(rerun["wall_s"] / result["wall_s"], 3),
+        "rerun_records_answered": report["this_run"]["records_answered"],
+        "rerun_time_s": {k: round(v, 2) for k, v in report["time_s"].items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--jobs", nargs="+", default=["classify"])
+    parser.add_argument("--kill-at", type=float, default=None)
+    parser.add_argument("--profile", action="store_true", help="py-spy record each run")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "run_path")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/run_path.json")
+    args = parser.parse_args()
+    results = []
+    for records in args.records:
+        inputs = make_tickets(args.cache, records)
+        with tempfile.TemporaryDirectory(prefix="run_path-", dir=args.cache) as tmp:
+            for kind in args.jobs:
+                run = run_batch if kind == "batch" else partial(run_job, kind)
+                result = {"job": kind, **run(inputs, Path(tmp), args)}
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    command = " ".join(["benchmarks/run_path.py", *sys.argv[1:]])
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    args.out.write_text(
+        json.dumps({"command": command, "machine": machine, "runs": results}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
