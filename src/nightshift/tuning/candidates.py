@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightshift.errors import SpecError
-from nightshift.jobs.loading import override_value, set_key
+from nightshift.jobs.loading import override_value, set_key, validate_spec
 from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.reference import SPECULATION, reference_sets
 from nightshift.jobs.spec import JobSpec
@@ -99,3 +99,18 @@ def split_values(raw: str) -> list[str]:
             start = i + 1
     values.append(raw[start:].strip())
     return [v for v in values if v]
+
+
+def job_is_reference(spec: JobSpec, data: dict[str, Any]) -> bool:
+    """Whether the job as it is (``spec``, from the spec file's ``data``) already runs at
+    the reference's settings."""
+    return effective(data, reference(spec)) == effective(data, Candidate(JOB))
+
+
+def effective(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
+    """The whole spec ``candidate`` runs, defaults filled in (an engine.extra key set
+    to None is vLLM's default, the same engine as without it)."""
+    dumped = validate_spec(candidate.applied(data)).model_dump(mode="json")
+    extra = dumped["engine"]["extra"]
+    dumped["engine"]["extra"] = {k: v for k, v in extra.items() if v is not None}
+    return dumped

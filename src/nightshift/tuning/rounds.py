@@ -18,7 +18,7 @@ from typing import Any
 
 from nightshift.jobs.spec import JobSpec
 from nightshift.tuning.binding import measured_limit
-from nightshift.tuning.candidates import REFERENCE, Candidate
+from nightshift.tuning.candidates import REFERENCE, Candidate, job_is_reference
 from nightshift.tuning.measure import candidate_spec, figures
 from nightshift.tuning.sizing import Sizing, not_measurable
 from nightshift.tuning.verdict import agreement_figures, quality_figures
@@ -133,7 +133,6 @@ def measure_candidate(
     are deterministic, and its correctness go into ``base``). ``job``: the
     ``tuning.tune.TuneJob``."""
     from nightshift.tuning.binding import predicted_limit
-    from nightshift.tuning.tune import job_is_reference
 
     entry: dict[str, Any] = {"name": candidate.name, "sets": candidate.sets, "output": str(folder)}
     entry["same_answers"] = same_answers(candidate)
@@ -152,7 +151,7 @@ def measure_candidate(
         compared = base.get("compared")
         kept = {i: a for i, a in got.items() if compared is None or i in compared}
         base.update(answers=kept, right=right)
-        entry["is_job"] = job_is_reference(job)
+        entry["is_job"] = job_is_reference(job.spec, job.data)
     entry.update(agreement_figures(base.get("answers", {}), got))
     if entry["agreement"] is None and base.get("why"):
         entry["nothing_to_compare"] = base["why"]

@@ -22,6 +22,7 @@ from nightshift.tuning.candidates import (
     JOB,
     Candidate,
     default_candidates,
+    effective,
     parse_tries,
     reference,
 )
@@ -85,25 +86,11 @@ def candidates_for(
     levers = default_candidates(job.spec) if defaults else []
     tried = grid_candidates(tries) if grid else parse_tries(tries)
     for c in [reference(job.spec), Candidate(JOB), *levers, *tried]:
-        key = repr(_effective(job.data, c))
+        key = repr(effective(job.data, c))
         if key not in seen:
             seen.add(key)
             found.append(c)
     return found
-
-
-def job_is_reference(job: TuneJob) -> bool:
-    """Whether the job as it is already runs at the reference's settings."""
-    return _effective(job.data, reference(job.spec)) == _effective(job.data, Candidate(JOB))
-
-
-def _effective(data: dict[str, Any], candidate: Candidate) -> dict[str, Any]:
-    """The whole spec ``candidate`` runs, defaults filled in (an engine.extra key set
-    to None is vLLM's default, the same engine as without it)."""
-    dumped = validate_spec(candidate.applied(data)).model_dump(mode="json")
-    extra = dumped["engine"]["extra"]
-    dumped["engine"]["extra"] = {k: v for k, v in extra.items() if v is not None}
-    return dumped
 
 
 def run_tune(
