@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-import time
 
 import pytest
 from typer.testing import CliRunner
 
 from nightshift.cli import app
-from nightshift.errors import CanaryFailedError, CanaryPendingError
-from nightshift.io.outputs import JobOutput
 from nightshift.jobs.loading import validate_spec
 from nightshift.running import canary as verdict
 
@@ -60,34 +56,6 @@ def test_a_worker_claims_nothing_below_the_bar_and_the_summary_follows_the_figur
     canary = json.loads((out / "report.json").read_text())["canary"]
     assert not canary["passed"] and not canary["accepted"]
     assert verdict.summary_line({**canary, "passed": True}).endswith("(passed, min 95%)")
-
-
-def test_a_worker_waits_while_the_canary_is_measured_and_only_so_long(
-    models, tmp_path, write_spec, monkeypatch
-):
-    monkeypatch.setenv("NIGHTSHIFT_FAKE_FP8_CHANGES", "0.3")
-    spec_path, out = job(models, tmp_path, write_spec)
-    spec = validate_spec(__import__("yaml").safe_load(spec_path.read_text()))
-    output = JobOutput(str(out))
-    monkeypatch.setattr(verdict, "POLL_S", 0.05)
-    monkeypatch.setattr(verdict, "BEGIN_S", 0.3)
-    said: list[str] = []
-    with pytest.raises(CanaryPendingError, match="run.canary: false"):  # nobody measures it
-        verdict.wait_for_canary(spec, output, say=said.append)
-    assert said and "waiting for the job's canary" in said[0]
-    output.store.put_bytes("canary/reference/plan/plan.json", b"{}")  # a run measuring it
-    kept = {"status": "measured", "agreement": 0.5, "records": 8, "settings": {}, "reference": {}}
-
-    def measured() -> None:
-        time.sleep(0.6)  # past BEGIN_S: a measure under way is waited for longer
-        output.plans.keep_canary(kept)
-
-    threading.Thread(target=measured).start()
-    with pytest.raises(CanaryFailedError, match="50.0%"):
-        verdict.wait_for_canary(spec, output, say=said.append)
-    accepted = spec.model_copy(deep=True)
-    accepted.run.canary.accept = True
-    verdict.wait_for_canary(accepted, output)  # returns: the worker goes on
 
 
 def test_an_embed_job_runs_its_canary_as_an_embed_job(models, tmp_path, write_spec, monkeypatch):

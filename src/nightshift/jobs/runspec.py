@@ -53,12 +53,20 @@ class CanarySpec(_Section):
         "tenth of the job). They run under the job's settings and under the reference "
         "(KV cache in the model's dtype, no speculation); the job keeps the former answers.",
     )
+    max_records: int | None = Field(
+        default=None,
+        gt=0,
+        description="Where the agreement's 95% interval straddles min_agreement, the "
+        "canary doubles its sample (only the new records run) up to this many records "
+        "(unset: 4x records, at most a quarter of the job), then decides by the figure itself.",
+    )
     min_agreement: float = Field(
         default=0.95,
         ge=0,
         le=1,
-        description="The job stops before its full run (exit 2) when fewer of the sample's "
-        "answers than this share equal the reference's, naming the setting and the figure.",
+        description="The job stops before its full run (exit 2) when the 95% interval of the "
+        "share of the sample's answers equal to the reference's lies below this, and goes on "
+        "when it lies at or above it; in between the sample grows (max_records).",
     )
     accept: bool = Field(
         default=False,

@@ -35,10 +35,11 @@ from prefect.runtime import flow_run
 from nightshift.errors import LeaseLostError, RunStoppedError, ShardAttemptFailed
 from nightshift.io.leases import Lease, LeaseKeeper, ShardLeases
 from nightshift.jobs.loading import load_spec
+from nightshift.pipelines.canary import check_canary
+from nightshift.pipelines.direct import run_job
 from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
 from nightshift.pipelines.stops import cancelled_state, graceful_stop
-from nightshift.running.canary import wait_for_canary
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, start_run
@@ -70,8 +71,6 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
     check_engine_spec(spec)
     with graceful_stop(spec.run.stop_s, flow_run.get_id()) as stop:
         job = start_run(spec, progress=False, retry_in_place=False, as_worker=True)
-        # the canary's measure under this worker's run.canary keys: none claimed below it
-        wait_for_canary(spec, job.output, stop.requested, log.warning)
         worker_id = f"{worker}-{uuid.uuid4().hex[:6]}"
         leases = ShardLeases(job.output.store, worker_id, ttl_s=spec.run.lease_s)
         engines = EnginePool(spec)
@@ -80,6 +79,9 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
         stop.on_kill(engines.kill)
         try:
             with gpu_slot(spec):
+                # the canary: measured by the first worker (a lease), waited for by the
+                # others, judged under this worker's run.canary keys: none claimed below it
+                check_canary(job, engines, run_job, stop.requested)
                 done = claim_and_run(job, feeding, leases, stop.requested)
         finally:
             feeding.close()

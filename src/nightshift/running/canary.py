@@ -3,18 +3,18 @@
 The canary itself (two runs of a sample, ``pipelines.canary``) is measured once per
 output and kept in ``plan/canary.json``; every later run, a resume or another worker,
 judges by that measure under its own ``run.canary`` keys, so ``--set
-run.canary.accept=true`` after a stop lets the job on without measuring again.
+run.canary.accept=true`` after a stop lets the job on without measuring again. A
+figure is judged by its 95% Wilson interval against ``run.canary.min_agreement``
+(``decide``); where that straddles the bar at the sample's cap, by the figure itself.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
-from nightshift.errors import CanaryFailedError, CanaryPendingError, RecordError
+from nightshift.errors import CanaryFailedError, RecordError
+from nightshift.evaluation.intervals import describe
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.reference import KV, answer_changing
 from nightshift.jobs.spec import JobSpec
@@ -107,15 +107,42 @@ def measure_again(kept: dict[str, Any]) -> bool:
     return kept.get("status") == NOTHING and bool(kept.get("measure_again"))
 
 
+# What one measure of the canary says against a bar (``decide``).
+ABOVE, BELOW, MORE = "at or above", "below", "undecided"
+
+
+def decide(ci: tuple[float, float] | list | None, min_agreement: float) -> str:
+    """``ABOVE`` when the agreement's 95% interval lies at or above the bar (its lower
+    bound >= ``min_agreement``), ``BELOW`` when it lies wholly under it (upper bound <
+    the bar), ``MORE`` when it straddles the bar: the sample cannot tell."""
+    if ci is None:
+        return MORE
+    if ci[0] >= min_agreement:
+        return ABOVE
+    return BELOW if ci[1] < min_agreement else MORE
+
+
+def clears(spec: JobSpec, kept: dict[str, Any]) -> bool:
+    """Whether the kept figure clears the job's current ``run.canary.min_agreement``: by
+    its interval, or by the point value where the interval straddles the bar (the
+    sample reached its cap, or another run's bar is judged by this measure)."""
+    agreement = kept.get("agreement")
+    if agreement is None:
+        return True  # nothing compared: no figure to hold the job back
+    bar = spec.run.canary.min_agreement
+    verdict = decide(kept.get("agreement_ci"), bar)
+    return verdict == ABOVE or (verdict == MORE and agreement >= bar)
+
+
 def below(spec: JobSpec, kept: dict[str, Any]) -> bool:
     """Whether the kept measure is below the job's current ``run.canary.min_agreement``."""
-    agreement = kept.get("agreement")
-    return agreement is not None and agreement < spec.run.canary.min_agreement
+    return not clears(spec, kept)
 
 
 def passed(spec: JobSpec, kept: dict[str, Any]) -> bool:
-    """Whether the kept measure lets the job on under its current keys."""
-    return spec.run.canary.accept or not below(spec, kept)
+    """Whether the kept measure lets the job on under its current keys: it cleared the
+    bar, or the user accepted it."""
+    return spec.run.canary.accept or clears(spec, kept)
 
 
 def enforce(spec: JobSpec, kept: dict[str, Any]) -> None:
@@ -123,11 +150,13 @@ def enforce(spec: JobSpec, kept: dict[str, Any]) -> None:
     if passed(spec, kept):
         return
     settings = ", ".join(f"{k}={v}" for k, v in kept["settings"].items())
+    ci = describe(kept.get("agreement_ci"))
     raise CanaryFailedError(
         f"canary: with {settings} the job's answers agreed with the reference's "
         f"({', '.join(f'{k}={v}' for k, v in kept['reference'].items())}) on "
-        f"{kept['agreement']:.1%} of {kept['records']} sampled records, below "
-        f"run.canary.min_agreement {spec.run.canary.min_agreement:.0%}; the full run did not "
+        f"{kept['agreement']:.1%} of {kept['records']} sampled records"
+        f"{f' ({ci})' if ci else ''}, below run.canary.min_agreement "
+        f"{spec.run.canary.min_agreement:.0%}; the full run did not "
         "start. Set engine.kv_cache_dtype: auto (or drop the setting), lower "
         "run.canary.min_agreement, or rerun with --set run.canary.accept=true to accept it "
         f"(the sample's answers are kept: {kept.get('runs', {}).get('job', '')})"
@@ -137,12 +166,17 @@ def enforce(spec: JobSpec, kept: dict[str, Any]) -> None:
 def canary_section(
     spec: JobSpec, kept: dict[str, Any] | None, answers: RunCache | None
 ) -> dict[str, Any] | None:
-    """report.json's ``canary``: the measure, the verdict, the sample's answers reused."""
+    """report.json's ``canary``: the measure, the verdict, the sample's answers reused.
+    ``passed``: the figure cleared the bar, nothing else; ``accepted``: it did not, and
+    the user let the job on (``run.canary.accept``)."""
     if kept is None:
         return None
     section = {**kept, "min_agreement": spec.run.canary.min_agreement}
-    section["passed"] = passed(spec, kept)
-    section["accepted"] = below(spec, kept) and spec.run.canary.accept
+    if kept.get("agreement") is not None:
+        section["passed"] = clears(spec, kept)
+        section["accepted"] = not section["passed"] and spec.run.canary.accept
+        ci = kept.get("agreement_ci")
+        section["undecided"] = ci is not None and decide(ci, section["min_agreement"]) == MORE
     if answers is not None:
         section["answers_reused"] = answers.cache.counts.hits
     return section
@@ -153,67 +187,23 @@ def summary_line(canary: dict[str, Any]) -> str:
     if canary.get("status") == NOTHING:
         return f"canary: {NOTHING} ({canary.get('reason')})"
     figure = f"{canary['agreement']:.1%} of {canary['records']} records agree with the reference"
+    ci = describe(canary.get("agreement_ci"))
     verdict = "passed"
     if canary.get("accepted"):
         verdict = "below min_agreement, accepted"
     elif not canary.get("passed", True):
         verdict = "below min_agreement, not accepted"
+    if canary.get("undecided"):  # the interval straddles the bar: the point value decided
+        verdict = f"undecided at the cap, judged by the figure: {verdict}"
     accuracy = canary.get("accuracy") or {}
     extra = ""
     if accuracy.get("job") is not None and accuracy.get("reference") is not None:
         extra = f"; accuracy {accuracy['job']:.3f} vs {accuracy['reference']:.3f}"
+    flips = canary.get("flips")
+    if flips:
+        extra += (
+            f"; {flips['right_to_wrong']} right to wrong, {flips['wrong_to_right']} wrong to "
+            f"right of {flips['of']} labelled"
+        )
+    figure += f", {ci}" if ci else ""
     return f"canary: {figure} ({verdict}, min {canary['min_agreement']:.0%}){extra}"
-
-
-# A worker that finds no canary kept waits for the run measuring it: at most this long
-# while the canary's folders show a measure under way (it holds two engine starts, each
-# bounded by run.startup_timeout_s, and two sample runs) ...
-SAMPLE_RUNS_S = 600.0
-# ... and this long for one to begin (a `jobs run` plans first, then starts the canary).
-BEGIN_S = 300.0
-POLL_S = 2.0
-
-
-def wait_for_canary(
-    spec: JobSpec,
-    output: JobOutput,
-    stopping: threading.Event | None = None,
-    say: Callable[[str], None] = log.warning,
-) -> None:
-    """A worker's judgement before it claims a shard: by the kept measure under its own
-    ``run.canary`` keys (``enforce``: below the bar and not accepted, it claims nothing),
-    waiting while a run is still measuring it. Raises ``CanaryPendingError`` when none is
-    kept in time (no worker measures one: two would share the canary's folders)."""
-    from nightshift.io.planstore import CANARY_DIR
-
-    if not canary_wanted(spec) or nothing_to_compare_yet(spec):
-        return
-    began, told = time.monotonic(), False
-    while stopping is None or not stopping.is_set():
-        kept = output.plans.canary()
-        if kept is not None and not measure_again(kept):
-            enforce(spec, kept)
-            return
-        if kept is not None:  # the measuring run's engine fell back: it went on unchecked
-            return
-        under_way = bool(output.store.list(f"{CANARY_DIR}/"))
-        most = 2 * spec.run.startup_timeout_s + SAMPLE_RUNS_S if under_way else BEGIN_S
-        if time.monotonic() - began > most:
-            raise CanaryPendingError(_pending_message(spec, output, most, under_way))
-        if not told:
-            say(
-                f"waiting for the job's canary ({output.store.uri('plan/canary.json')}), "
-                f"being measured by `nightshift jobs run`: no shard is claimed before it"
-            )
-            told = True
-        time.sleep(POLL_S)
-
-
-def _pending_message(spec: JobSpec, output: JobOutput, waited: float, under_way: bool) -> str:
-    what = "was still being measured" if under_way else "was not being measured"
-    return (
-        f"canary: after {waited:,.0f} s the job's canary (plan/canary.json in "
-        f"{output.location}) {what}, so this worker claimed no shard: run `nightshift jobs "
-        "run SPEC` (it measures the canary before any shard) and add workers once it "
-        "runs, or set run.canary: false to run without the check"
-    )
