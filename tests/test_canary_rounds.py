@@ -16,7 +16,7 @@ import polars as pl
 from typer.testing import CliRunner
 
 from nightshift.cli import app
-from nightshift.evaluation.intervals import wilson
+from nightshift.evaluation.intervals import describe, wilson
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines import canary as measuring
@@ -73,6 +73,8 @@ def test_an_undecided_sample_grows_to_its_cap_running_only_new_records(
     assert kept["decision"] == "point value at the cap"
     report = json.loads((out / "report.json").read_text())
     assert report["canary"]["undecided"] and "undecided at the cap" in result.output
+    shown = describe(wilson(same, 50))
+    assert shown in result.output and shown in (out / "report.md").read_text()
     assert report["canary"]["passed"] == (same / 50 >= 0.9)
     # each sampled prompt ran once per side however many rounds; the job reused its 50
     sent = Counter(log.read_text().split())

@@ -19,6 +19,7 @@ from nightshift.reports.compare import compare_lines
 # The formatters and Section live in reports.format; they are imported from here too.
 from nightshift.reports.format import Section, count, duration, percent, rate, significant, usd
 from nightshift.reports.quality import confusion_lines, quality_headline, quality_section
+from nightshift.running.canary import summary_line
 
 CHART_ALT = "Throughput over time and time per shard"
 
@@ -208,6 +209,8 @@ def report_markdown(report: dict[str, Any], chart_name: str | None = "report.png
             lines += ["", *confusion_lines(report)]
         lines.append("")
     lines += engine_lines(report)
+    if report.get("canary"):  # the check of an answer-changing setting, as the summary says it
+        lines += ["## Canary", "", summary_line(report["canary"]).removeprefix("canary: "), ""]
     if chart_name and has_chart(report):
         lines += ["## Over time", "", f"![{CHART_ALT}]({chart_name})", ""]
     lines += shard_lines(report)
