@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from nightshift.cli import app
 from nightshift.engines.vllm_engine import fp8_kv_unsupported_reason
+from nightshift.evaluation.intervals import wilson
 
 from .test_tune import generate_job
 
@@ -26,7 +27,7 @@ def _texts(folder) -> dict:
 def test_an_fp8_canary_on_vllm_reports_what_the_two_outputs_say(models, tmp_path, write_spec):
     data = generate_job(models, tmp_path, records=80, max_tokens=8)
     data["engine"] = {**data["engine"], "kv_cache_dtype": "fp8", "max_num_seqs": 16}
-    data["run"] = {**data["run"], "canary": {"records": 8, "min_agreement": 1.0}}
+    data["run"] = {**data["run"], "canary": {"records": 8, "min_agreement": 1.0, "max_records": 8}}
     result = CliRunner().invoke(app, ["jobs", "run", str(write_spec(data))])
     out = tmp_path / "out"
     kept = json.loads((out / "plan" / "canary.json").read_text())
@@ -38,6 +39,8 @@ def test_an_fp8_canary_on_vllm_reports_what_the_two_outputs_say(models, tmp_path
     assert len(ref) == len(job) == kept["records"] == 8
     same = sum(job[i] == text for i, text in ref.items()) / len(ref)
     assert kept["agreement"] == pytest.approx(same, abs=1e-4)
+    agreeing = sum(job[i] == text for i, text in ref.items())
+    assert kept["agreement_ci"] == list(wilson(agreeing, 8))  # one round: max_records 8
     assert kept["settings"] == {"engine.kv_cache_dtype": "fp8"}
     report = json.loads((out / "report.json").read_text()) if result.exit_code == 0 else None
     if same < 1.0:  # min_agreement 1.0: any changed answer stops the job, naming it
