@@ -158,40 +158,47 @@ def measure_canary(job: JobRun, engines: EnginePool, run_job: RunSide) -> dict[s
     if sample.left_out:  # records whose own sampling is random: two runs of them never agree
         found["records_left_out_sampled"] = sample.left_out
     runs = {side: job.output.store.uri(f"{CANARY_DIR}/{side}") for side in ("reference", "job")}
-    ids, rounds = sample.first(), []
-    while True:
-        round_began = time.perf_counter()
-        ran = _run_sample(job, engines, run_job, ids, runs)
-        rounds.append({"records": len(ids), "seconds": round(time.perf_counter() - round_began, 2)})
-        if ran.get("fallback") and set(changing) == {KV}:  # the job's engine fell back
-            reason = ran["fallback"]
-            return {
-                **found,
-                "status": NOTHING,
-                "reason": reason,
-                "runs": runs,
-                "measure_again": True,
-            }
-        figures = _figures(spec, runs)
-        verdict = decide(figures["agreement_ci"], spec.run.canary.min_agreement)
-        if verdict != MORE or len(ids) >= sample.cap:
-            break
-        ids = sample.grown(ids)
+    ran = _rounds(job, engines, run_job, sample, runs)
+    if ran.get("fallback") and set(changing) == {KV}:  # the job's engine fell back
+        return {**found, "status": NOTHING, "reason": ran["fallback"], "runs": runs,
+                "measure_again": True}  # fmt: skip
     if ran.get("fallback"):  # another setting (a narrower model.dtype) still changes answers
         found["kv_cache_fallback"] = ran["fallback"]
     return {
         **found,
         "status": "measured",
-        "records": len(ids),
-        **figures,
-        "decision": verdict if verdict != MORE else "point value at the cap",
+        "records": ran["records"],
+        **ran["figures"],
+        "decision": ran["decision"],
         "max_records": sample.cap,
-        "rounds": rounds,
+        "rounds": ran["rounds"],
         "accuracy": {"job": _accuracy(ran["job"]), "reference": _accuracy(ran["reference"])},
         "seconds": round(time.perf_counter() - began, 2),
         "runs": runs,
         "answers": CACHES["job"],
     }
+
+
+def _rounds(
+    job: JobRun, engines: EnginePool, run_job: RunSide, sample: Sample, runs: dict[str, str]
+) -> dict[str, Any]:
+    """The sample run and compared, doubled while its interval straddles the bar and it
+    is under its cap; the last round's reports and figures, and each round's size and
+    seconds (all of them in the canary's time band)."""
+    ids, rounds = sample.first(), []
+    while True:
+        began = time.perf_counter()
+        ran = _run_sample(job, engines, run_job, ids, runs)
+        rounds.append({"records": len(ids), "seconds": round(time.perf_counter() - began, 2)})
+        if ran.get("fallback") and set(answer_changing(job.spec)) == {KV}:
+            return ran  # nothing compared: the caller says so
+        figures = _figures(job.spec, runs)
+        decision = decide(figures["agreement_ci"], job.spec.run.canary.min_agreement)
+        if decision != MORE or len(ids) >= sample.cap:
+            decision = decision if decision != MORE else "point value at the cap"
+            return {**ran, "records": len(ids), "figures": figures, "decision": decision,
+                    "rounds": rounds}  # fmt: skip
+        ids = sample.grown(ids)
 
 
 # Each side's answers are cached, so a grown sample runs only its new records.
