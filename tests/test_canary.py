@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from nightshift.cli import app
 from nightshift.errors import SpecErrors
-from nightshift.evaluation.intervals import describe, wilson
+from nightshift.intervals import describe, wilson
 from nightshift.jobs.loading import validate_spec
 
 from .conftest import spec_dict, write_records

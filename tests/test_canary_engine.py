@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from nightshift.cli import app
 from nightshift.engines.vllm_engine import fp8_kv_unsupported_reason
-from nightshift.evaluation.intervals import wilson
+from nightshift.intervals import wilson
 
 from .test_tune import generate_job
 

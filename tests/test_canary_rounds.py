@@ -16,7 +16,7 @@ import polars as pl
 from typer.testing import CliRunner
 
 from nightshift.cli import app
-from nightshift.evaluation.intervals import describe, wilson
+from nightshift.intervals import describe, wilson
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines import canary as measuring

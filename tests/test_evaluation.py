@@ -161,7 +161,7 @@ def test_the_plan_decides_which_eval_column_is_kept():
 def test_every_share_carries_its_wilson_interval_from_the_counts():
     """accuracy, coverage, each label's precision and recall: each interval is the Wilson
     interval of the counts behind the share, and the words people read show it."""
-    from nightshift.evaluation.intervals import wilson
+    from nightshift.intervals import wilson
     from nightshift.reports.quality import quality_summary_lines, quality_table_lines
 
     rows = [(i, "a" if i % 3 else "b", "a" if i % 4 else "b") for i in range(40)]
@@ -184,7 +184,7 @@ def test_every_share_carries_its_wilson_interval_from_the_counts():
 
 
 def test_extract_fields_and_exact_match_carry_intervals():
-    from nightshift.evaluation.intervals import wilson
+    from nightshift.intervals import wilson
 
     ok, failed, rejected = frames(
         [(1, '{"a": 1, "b": 2}', '{"a": 1, "b": 3}'), (2, '{"a": 2}', '{"a": 2}')]

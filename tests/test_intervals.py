@@ -1,12 +1,12 @@
 """The Wilson interval, checked against a direct computation from the counts: the bounds
 are the shares ``p`` at which the score test ``|k/n - p| / sqrt(p(1-p)/n)`` equals z,
-found here by bisection, independent of the closed form in ``evaluation.intervals``."""
+found here by bisection, independent of the closed form in ``nightshift.intervals``."""
 
 from __future__ import annotations
 
 import pytest
 
-from nightshift.evaluation.intervals import Z95, describe, share_ci, wilson
+from nightshift.intervals import Z95, describe, share_ci, wilson
 
 
 def _score_bound(k: int, n: int, low: bool) -> float:

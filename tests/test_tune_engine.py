@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nightshift.cli import app
-from nightshift.evaluation.intervals import wilson
+from nightshift.intervals import wilson
 
 from .test_tune import generate_job
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from nightshift.cli import app
 from nightshift.errors import SpecError
-from nightshift.evaluation.intervals import wilson
+from nightshift.intervals import wilson
 from nightshift.tuning.grid import grid_candidates
 from nightshift.tuning.sizing import ROUND_FACTOR, Sizing, not_measurable, round_ids, size_rounds
 

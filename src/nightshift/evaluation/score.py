@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from nightshift.evaluation import metrics
-from nightshift.evaluation.intervals import wilson
+from nightshift.intervals import wilson
 
 RULES = (
     "accuracy and the other metrics are over answered labelled records (an ok row); failed "

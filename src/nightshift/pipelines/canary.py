@@ -37,7 +37,12 @@ from pathlib import Path
 from threading import Event
 from typing import Any
 
-from nightshift.evaluation.agreement import answers
+from nightshift.evaluation.agreement import (
+    agreement_figures,
+    answers,
+    outputs_answers,
+    quality_figures,
+)
 from nightshift.io.inputs import write_records
 from nightshift.io.leases import LEASES, LeaseKeeper, ShardLeases
 from nightshift.io.planstore import CANARY_DIR
@@ -59,8 +64,6 @@ from nightshift.running.canary import (
 )
 from nightshift.running.engines import EnginePool
 from nightshift.running.runner import JobRun
-from nightshift.tuning.rounds import outputs_answers
-from nightshift.tuning.verdict import agreement_figures, quality_figures
 
 log = logging.getLogger(__name__)
 MIN_RECORDS = 8  # a canary of a small job still compares this many records

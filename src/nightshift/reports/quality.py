@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightshift.evaluation.intervals import describe
+from nightshift.intervals import describe
 from nightshift.reports.format import Section, count, percent, usd
 
 NOTE = (

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from nightshift.errors import CanaryFailedError, RecordError
-from nightshift.evaluation.intervals import describe
+from nightshift.intervals import describe
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.reference import KV, answer_changing
 from nightshift.jobs.spec import JobSpec

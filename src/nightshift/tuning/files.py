@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from nightshift.evaluation.intervals import describe
+from nightshift.intervals import describe
 
 CI = "{0[0]:.1%}-{0[1]:.1%}"  # a 95% interval's two bounds
 ROUNDS = "rounds"  # each round's figure, " / " between them

@@ -16,12 +16,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from nightshift.evaluation.agreement import agreement_figures, outputs_answers, quality_figures
 from nightshift.jobs.spec import JobSpec
 from nightshift.tuning.binding import measured_limit
 from nightshift.tuning.candidates import REFERENCE, Candidate, job_is_reference
 from nightshift.tuning.measure import candidate_spec, figures
 from nightshift.tuning.sizing import Sizing, not_measurable
-from nightshift.tuning.verdict import agreement_figures, quality_figures
 
 
 def round_spec(data: dict[str, Any], candidate: Candidate, sample: Path, out: Path) -> JobSpec:
@@ -157,44 +157,6 @@ def measure_candidate(
         entry["nothing_to_compare"] = base["why"]
     entry.update(quality_figures(base.get("right"), right))
     return entry
-
-
-def outputs_answers(outputs: list[str], spec: JobSpec) -> tuple[dict, dict | None]:
-    """Every round's committed answers by record id, and whether each is right where the
-    job has ``eval.label_column`` (None without labels)."""
-    from nightshift.evaluation.agreement import answers
-
-    got: dict[Any, Any] = {}
-    for out in outputs:
-        got.update(answers(out))
-    column = spec.eval.label_column if spec.eval is not None else None
-    if column is None:
-        return got, None
-    right: dict[Any, bool] = {}
-    for out in outputs:
-        right.update(_right(out, column))
-    return got, right
-
-
-def _right(out: str, column: str) -> dict[Any, bool]:
-    """Each committed record's answer against its label (a failed record is wrong; a
-    record without a label is left out)."""
-    from nightshift.evaluation.read import committed_frames, output_target
-    from nightshift.io.outputs import JobOutput
-
-    output = JobOutput(out)
-    frames = committed_frames(output, output_target(output), column)
-    if not frames.has_truth:
-        return {}
-    found: dict[Any, bool] = {}
-    for frame, answered in ((frames.ok, True), (frames.failed, False)):
-        rows = frame.filter(frame["truth"].is_not_null())
-        answers = rows["answer"].to_list() if answered else [None] * rows.height
-        for i, truth, answer in zip(
-            rows["id"].to_list(), rows["truth"].to_list(), answers, strict=True
-        ):
-            found[i] = answered and answer == truth
-    return found
 
 
 # Keys that move speed or memory only: a candidate setting nothing else answers as the

@@ -15,44 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightshift.evaluation.agreement import _same
-from nightshift.evaluation.intervals import wilson
 from nightshift.tuning.candidates import JOB, REFERENCE
 
 NO_WINNER = "no candidate beats the job's setting beyond noise"
-
-
-def agreement_figures(reference: dict[Any, Any], got: dict[Any, Any]) -> dict[str, Any]:
-    """The share of the reference's answered records ``got`` answers the same, its 95%
-    Wilson interval and the count it is over."""
-    same = sum(_same(got.get(i), answer) for i, answer in reference.items())
-    total = len(reference)
-    return {
-        "agreement": round(same / total, 4) if total else None,
-        "agreement_ci": wilson(same, total),
-        "agreement_of": total,
-    }
-
-
-def quality_figures(reference: dict[Any, bool] | None, got: dict[Any, bool] | None) -> dict:
-    """Accuracy with its interval, and the flips against the reference: records the
-    reference got right that this candidate gets wrong, and the other way round (a
-    record the candidate failed counts as wrong). Empty without labels."""
-    if got is None:
-        return {}
-    right = sum(got.values())
-    found: dict[str, Any] = {
-        "accuracy": round(right / len(got), 4) if got else None,
-        "accuracy_ci": wilson(right, len(got)),
-        "accuracy_of": len(got),
-    }
-    if reference is not None:
-        found["flips"] = {
-            "right_to_wrong": sum(r and not got.get(i, False) for i, r in reference.items()),
-            "wrong_to_right": sum(not r and got.get(i, False) for i, r in reference.items()),
-            "of": len(reference),
-        }
-    return found
 
 
 def job_entry(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
