@@ -169,7 +169,10 @@ def test_a_removed_or_renamed_adapter_column_is_refused_on_resume(
     spec = write_spec({**data, "input": changed}, "resume.yaml")
     result = runner.invoke(app, ["jobs", "run", str(spec), "--set", "run.engine=fake"])
     assert result.exit_code == 2, result.output
-    assert "input.adapter_column changed" in result.output
+    # removed: the fingerprint refuses it; renamed to a column the input lacks: the spec
+    # check (before any comparison) names it
+    expected = "input.adapter_column changed" if column is None else "input.adapter_column:"
+    assert expected in result.output
 
 
 @pytest.mark.parametrize(

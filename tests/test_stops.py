@@ -265,8 +265,8 @@ def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
     models, ticket_dir, tmp_path, write_spec
 ):
     """Real vLLM: SIGTERM mid-shard exits 3 within run.stop_s, the report says stopped,
-    no aborted request became a row; the rerun (fake engine: the fingerprint allows it)
-    answers exactly the rest."""
+    no aborted request became a row; the rerun on the same engine answers exactly the
+    rest (another engine is refused: its answers would differ)."""
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
     data["run"] = {"chunk_records": 8, "stop_s": 60, "canary": False}
@@ -278,7 +278,9 @@ def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
     assert took < 60
     first = report(str(out))
     assert first["stopped"]["signal"] == "SIGTERM"
-    again = start(spec, "-q", "--set", "run.engine=fake")
-    again.communicate(timeout=300)
+    other = start(spec, "-q", "--set", "run.engine=fake")
+    assert other.communicate(timeout=300) and other.returncode == 2  # not its engine
+    again = start(spec, "-q")
+    again.communicate(timeout=600)
     assert again.returncode == 0, again.stderr
     assert_answered_once_in_two_runs(out, ticket_dir, first, report(str(out)))
