@@ -71,7 +71,9 @@ def test_plan_text_says_how_to_get_a_projection(spec_path):
 
 def test_unknown_key(spec_path):
     result = invoke("jobs", "plan", str(spec_path), "--set", "sampling.temprature=0.2")
-    assert_user_error(result, "sampling.temprature: unknown key", "did you mean sampling.temperature?")
+    assert_user_error(
+        result, "sampling.temprature: unknown key", "did you mean sampling.temperature?"
+    )
 
 
 def test_missing_key(models, ticket_dir, tmp_path, write_spec):
