@@ -10,20 +10,13 @@ has no answer at all (``reasoning_unfinished``), as a real model's would.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 
 from nightshift.engines.base import Choice, Sampling
+from nightshift.engines.fake_answers import _digest
 
 AnswerOf = Callable[[list[int], Sampling, int], Choice]  # the fake's own answer to a prompt
-
-
-def _digest(token_ids: list[int]) -> int:
-    """The fake engine's digest of a token sequence (``engines.fake._digest``, the same
-    value), here so the two modules import one way."""
-    text = ",".join(map(str, token_ids))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
 def thought_length(seed: int) -> int:
