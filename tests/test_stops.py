@@ -95,12 +95,14 @@ def start(spec_path: Path, *args: str, env: dict | None = None, command=("run",)
     )
 
 
-def wait_for(condition, process: subprocess.Popen, timeout: float = 300) -> None:
+def wait_for(
+    condition, process: subprocess.Popen, timeout: float = 300, every: float = 0.2
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
+        time.sleep(every)
 
 
 def checkpointed(out: Path) -> bool:
@@ -268,11 +270,17 @@ def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
     no aborted request became a row; the rerun on the same engine answers exactly the
     rest (another engine is refused: its answers would differ)."""
     out = tmp_path / "out"
-    data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
-    data["run"] = {"chunk_records": 8, "stop_s": 60, "canary": False}
+    # One shard of 120 open-ended answers (the random model rarely says EOS) in chunks of 4:
+    # a checkpoint stands for nearly the whole run, so a fast machine cannot finish the job
+    # between two looks (CI once answered 3 shards of one-token labels inside one poll).
+    data = spec_dict(
+        models["chat"], ticket_dir, out, plan={"shard_records": 120},
+        task={"kind": "generate"}, sampling={"max_tokens": 48},
+    )
+    data["run"] = {"chunk_records": 4, "stop_s": 60, "canary": False}
     spec = write_spec(data)
     run = start(spec, "-q")
-    wait_for(lambda: checkpointed(out), run, timeout=600)
+    wait_for(lambda: checkpointed(out), run, timeout=600, every=0.05)
     took = stop_within(run, 60)
     assert run.returncode == STOPPED, run.stderr
     assert took < 60
