@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from nightshift.engines.fastbpe import fast_encoder
 from nightshift.errors import SpecError
 
 _SLOT = "\u2063nightshift-record\u2063"  # stands in for the record while rendering the frame
@@ -58,6 +59,8 @@ class PromptEncoder:
         self._frame_ids: dict[str, list[int]] = {}
         self._conversations: dict[tuple, list[str] | ValueError] = {}
         self._segments: dict[str, list[int]] = {}
+        # record text through tiktoken where it is the same byte-level BPE (fastbpe)
+        self._fast = fast_encoder(hf_tokenizer, self._hf_texts)
         self.composes = self._segments_compose()
         # set before any prompt is rendered: {"enable_thinking": False} for a reasoning
         # model whose budget is 0 (engines.reasoning.thinking_off)
@@ -157,6 +160,17 @@ class PromptEncoder:
         """Record text as plain text: special-token strings in it are split, never obeyed."""
         if not texts:
             return []
+        if self._fast is not None:
+            return self._fast(list(texts))
+        return self._hf_texts(list(texts))
+
+    @property
+    def fast(self) -> bool:
+        """Whether record text goes through tiktoken (``engines.fastbpe``)."""
+        return self._fast is not None
+
+    def _hf_texts(self, texts: list[str]) -> list[list[int]]:
+        """``encode_texts`` by the Hugging Face tokenizer itself."""
         backend = getattr(self._tok, "backend_tokenizer", None)
         if backend is None or not hasattr(backend, "encode_batch_fast"):  # a slow tokenizer
             batch = self._tok(list(texts), add_special_tokens=False, split_special_tokens=True)

@@ -1,0 +1,209 @@
+"""Record text through tiktoken when the model's tokenizer is byte-level BPE.
+
+Encoding each record's text is the run path's largest cost per record (the engine gets
+token ids, so nightshift encodes every prompt once: ``benchmarks/run_path.py``). For a
+byte-level BPE tokenizer (GPT-2, SmolLM, Llama 3, Qwen) tiktoken runs the same algorithm
+about 4x faster on one core and releases the GIL while it does. It is used only where
+the tokenizer's own description (its ``tokenizer.json``) says it is that algorithm, and
+only after it gave the tokenizer's very ids on a fixed set of hard strings (scripts,
+digits, whitespace runs, contractions, special-token lookalikes); anything else keeps
+the tokenizer itself. The choice depends on the tokenizer alone, so a plan and its runs
+always encode alike. ``NIGHTSHIFT_TOKENIZER=hf`` keeps the tokenizer itself always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import unicodedata
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+Encode = Callable[[str], list[int]]
+EncodeMany = Callable[[list[str]], list[list[int]]]
+
+# GPT-2's split, which ``ByteLevel(use_regex=True)`` applies before the merges
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def fast_encoder(hf_tokenizer: Any, reference: EncodeMany) -> EncodeMany | None:
+    """tiktoken's encoder for ``hf_tokenizer`` (record text as plain text: special-token
+    strings split), or None where it is not the same algorithm or, on the check strings,
+    does not give ``reference``'s ids."""
+    if os.environ.get("NIGHTSHIFT_TOKENIZER", "").lower() == "hf":
+        return None
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        encode = _encoder(json.loads(backend.to_str()))
+    except (ImportError, ValueError, KeyError, TypeError):  # not a shape tiktoken takes
+        return None
+    if encode is None:
+        return None
+
+    def encode_many(texts: list[str]) -> list[list[int]]:
+        out = []
+        for text in texts:
+            try:
+                out.append(encode(text))
+            except _Unusual:
+                out.append(reference([text])[0])
+        return out
+
+    texts = check_texts()
+    try:
+        agrees = encode_many(texts) == reference(texts)
+    except BaseException:  # noqa: BLE001 - a tiktoken panic is a BaseException
+        return None
+    return encode_many if agrees else None
+
+
+def _encoder(described: dict[str, Any]) -> Encode | None:
+    model = described.get("model") or {}
+    split = _split_pattern(described.get("pre_tokenizer"))
+    normalize = _normalizer(described.get("normalizer"))
+    if model.get("type") != "BPE" or split is None or normalize is False:
+        return None
+    if model.get("dropout") or model.get("byte_fallback"):
+        return None
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return None
+    added = described.get("added_tokens") or []
+    if any(not t.get("special") for t in added):  # matched whole even in record text
+        return None
+    ranks = _ranks(model, {t["id"] for t in added})
+    if ranks is None:
+        return None
+    import tiktoken
+
+    encoding = tiktoken.Encoding(
+        "nightshift-bpe", pat_str=split, mergeable_ranks=ranks, special_tokens={}
+    )
+    plain, unusual = encoding.encode_ordinary, _without_token(ranks)
+    if unusual is False:
+        return None
+
+    def encode(text: str) -> list[int]:
+        if normalize and not text.isascii():
+            text = unicodedata.normalize("NFC", text)
+        if unusual is not None and unusual.search(text):
+            raise _Unusual  # a byte with no token of its own: the tokenizer's own way
+        return plain(text)
+
+    return encode
+
+
+class _Unusual(Exception):
+    """The text holds a character one of whose bytes has no token (``_without_token``)."""
+
+
+def _without_token(ranks: dict[bytes, int]) -> re.Pattern | None | bool:
+    """A pattern of the characters with a UTF-8 byte that is no token on its own (the
+    tokenizer drops such a byte, tiktoken cannot): None when there are none, False when
+    too many to list (a missing continuation byte)."""
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if not missing:
+        return None
+    if any(0x80 <= b <= 0xBF for b in missing):
+        return False
+    spans = []  # code points by the byte they start with (UTF-8's lead byte ranges)
+    for b in missing:
+        if b < 0x80:
+            spans.append((b, b))
+        elif 0xC2 <= b <= 0xDF:
+            spans.append(((b - 0xC0) << 6, ((b - 0xC0) << 6) + 0x3F))
+        elif 0xE0 <= b <= 0xEF:  # E0 starts U+0800 at the lowest
+            spans.append((max((b - 0xE0) << 12, 0x800), ((b - 0xE0) << 12) + 0xFFF))
+        elif 0xF0 <= b <= 0xF4:  # F0 starts U+10000 at the lowest
+            first = max((b - 0xF0) << 18, 0x10000)
+            spans.append((first, min(((b - 0xF0) << 18) + 0x3FFFF, 0x10FFFF)))
+    if not spans:  # only bytes valid UTF-8 never holds (C0, C1, F5-FF)
+        return None
+    return re.compile("[" + "".join(f"\\U{a:08x}-\\U{z:08x}" for a, z in spans) + "]")
+
+
+def _split_pattern(pre: dict[str, Any] | None) -> str | None:
+    """The regex that splits text before the merges, when the pre-tokenizer is one."""
+    if not pre:
+        return None
+    if pre.get("type") == "ByteLevel":
+        plain = pre.get("use_regex", True) and not pre.get("add_prefix_space")
+        return GPT2_SPLIT if plain else None
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or len(steps) != 2:
+        return None
+    split, level = steps
+    if level.get("type") != "ByteLevel" or level.get("use_regex") or level.get("add_prefix_space"):
+        return None
+    pattern = (split.get("pattern") or {}).get("Regex")
+    plain = split.get("type") == "Split" and not split.get("invert")
+    return pattern if plain and split.get("behavior") == "Isolated" else None
+
+
+def _normalizer(normalizer: dict[str, Any] | None) -> bool | None:
+    """None: no normalizer; True: NFC; False: one tiktoken cannot repeat."""
+    if not normalizer:
+        return None
+    return normalizer.get("type") == "NFC"
+
+
+def _ranks(model: dict[str, Any], added: set[int]) -> dict[bytes, int] | None:
+    """The vocabulary as bytes -> id, when ids grow with the merges (tiktoken merges the
+    pair whose joint token has the lowest id; the tokenizer, the earliest merge)."""
+    decoder = _byte_decoder()
+    ranks: dict[bytes, int] = {}
+    for token, rank in model.get("vocab", {}).items():
+        if rank in added:
+            continue
+        if any(c not in decoder for c in token):
+            return None
+        ranks[bytes(decoder[c] for c in token)] = rank
+    if len(ranks) != len(set(ranks.values())):
+        return None
+    previous = -1
+    for merge in model.get("merges", []):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        joint = ranks.get(bytes(decoder[c] for c in left + right))
+        if joint is None or joint <= previous:
+            return None
+        previous = joint
+    return ranks
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte, reversed."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {v: k for k, v in bytes_to_unicode().items()}
+
+
+@lru_cache(maxsize=1)
+def check_texts() -> list[str]:
+    """Hard strings both encoders must agree on, the same every time."""
+    fixed = [
+        "Subject: Refund for order #4521\n\nI was charged twice. Can't log in!!",
+        "It's, I'M, you're, THEY'LL, we'd, she's, 's 't 'RE",
+        "1 12 123 1234 12345 1234567890 3.14159 -42 1,000,000 0x1F ½ ٣ ৩",
+        "  two  spaces\tand\ttabs\r\nCRLF\n\n\nthree newlines   trailing   ",
+        "\u00a0nbsp\u3000ideographic\u2003em\u200bzero-width",
+        "<|im_end|> <|im_start|>system </s><s> <|endoftext|> [INST] <think>",
+        "日本語のテキスト、中文文本。한국어 텍스트 العربية עברית Русский Ελληνικά हिन्दी",
+        "emoji 👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ combining e\u0301 a\u0308 cafe\u0301 Å Å",
+        'def f(x):\n    return {"a": [1, 2]}  # code\n\n\tif x != None: pass',
+        "https://example.com/path?q=1&r=two#frag user@example.com C:\\Users\\x",
+        "!!!???...---___***///   ))) ((( [[[ ]]] ''' \"\"\" ``` ~~~",
+        "control \x00\x01\x04\x06\x13\x1b\x7f bytes",
+        "far planes \U00020000 \U00040001 \U00080001 \U000e0001 \U00100001 end",
+        "",
+        " ",
+        "\n",
+    ]
+    pick = random.Random(40)
+    alphabet = "aZ9 \n\t'.,!?-_éßøçñ日本語中文한국Жжαβγ😀👍🏽\u0301\u00a0\u200b<>|/\\\"#$%&"
+    extra = ["".join(pick.choice(alphabet) for _ in range(pick.randint(1, 60))) for _ in range(200)]
+    return fixed + extra

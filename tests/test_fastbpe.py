@@ -1,0 +1,142 @@
+"""Record text through tiktoken (``engines.fastbpe``): the tokenizer's very ids, or the
+tokenizer itself wherever tiktoken would not be the same algorithm."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from nightshift.engines.fastbpe import check_texts
+from nightshift.engines.tokenizer import PromptEncoder
+
+# Llama 3's split (a Split step before a ByteLevel without its own regex)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CORPUS = [
+    "Refund for order 4521: I was charged twice and can't log in.",
+    "The app crashes when I open settings; please add dark mode!",
+    "Café crème, naïve résumé; 日本語のテキスト and 中文文本; Здравствуйте, мир.",
+    "def f(x):\n    return x + 1  # code\n\n\tprint(f(41))",
+] * 50
+
+
+def trained(pre, normalizer=None, specials=("<s>", "</s>"), added=()) -> PreTrainedTokenizerFast:
+    """A small byte-level BPE trained here with the pre-tokenizer ``pre``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=list(specials),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    if added:
+        hf.add_tokens(list(added))  # plain added tokens: matched whole in any text
+    return hf
+
+
+def hard_texts() -> list[str]:
+    """Texts beyond the check set: tickets, whitespace, scripts, specials, far planes."""
+    pick = random.Random(7)
+    alphabet = "ab Z9\n\r\t'.!-é日Ж😀\u0301\u00a0<>|/ "
+    made = ["".join(pick.choice(alphabet) for _ in range(pick.randint(0, 80))) for _ in range(300)]
+    return [*CORPUS[:4], "<s> </s> <|im_end|>", "x\x04y\U00040001z", *made]
+
+
+def assert_same_ids(encoder: PromptEncoder) -> None:
+    texts = hard_texts() + check_texts()
+    assert encoder.encode_texts(texts) == encoder._hf_texts(texts)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: trained(pre_tokenizers.ByteLevel(add_prefix_space=False)),  # GPT-2, SmolLM
+        lambda: trained(  # Llama 3
+            pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
+        ),
+        lambda: trained(  # Qwen 2: NFC first
+            pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            ),
+            normalizer=normalizers.NFC(),
+        ),
+    ],
+    ids=["gpt2", "llama3", "qwen2"],
+)
+def test_byte_level_bpe_goes_through_tiktoken_with_the_tokenizers_own_ids(build):
+    encoder = PromptEncoder(build())
+    assert encoder.fast
+    assert_same_ids(encoder)
+
+
+def test_a_byte_without_a_token_of_its_own_is_encoded_by_the_tokenizer():
+    """A vocabulary without every byte (SmolLM2 lacks \\x04): such text takes the
+    tokenizer's own way (it drops the byte; tiktoken would fail), the rest stays fast."""
+    hf = trained(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    backend = hf.backend_tokenizer
+    vocab = backend.get_vocab()
+    missing = pre_tokenizers.ByteLevel.alphabet()
+    byte = next(c for c in sorted(missing) if ord(c) > 255)  # a control byte's stand-in
+    assert byte in vocab
+    described = json.loads(backend.to_str())
+    del described["model"]["vocab"][byte]
+    merges = described["model"]["merges"]
+    described["model"]["merges"] = [m for m in merges if byte not in "".join(m)]
+    smaller = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(described)), bos_token="<s>"
+    )
+    encoder = PromptEncoder(smaller)
+    assert encoder.fast
+    assert_same_ids(encoder)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: trained(pre_tokenizers.ByteLevel(add_prefix_space=False), added=("<think>",)),
+        lambda: trained(pre_tokenizers.ByteLevel(add_prefix_space=True)),
+        lambda: trained(pre_tokenizers.Whitespace()),
+        lambda: trained(
+            pre_tokenizers.ByteLevel(add_prefix_space=False), normalizer=normalizers.Lowercase()
+        ),
+    ],
+    ids=["plain-added-token", "prefix-space", "not-byte-level", "lowercase"],
+)
+def test_other_tokenizers_keep_their_own_encoding(build):
+    encoder = PromptEncoder(build())
+    assert not encoder.fast
+    assert_same_ids(encoder)
+
+
+def test_nightshift_tokenizer_hf_keeps_the_tokenizer_itself(monkeypatch):
+    monkeypatch.setenv("NIGHTSHIFT_TOKENIZER", "hf")
+    encoder = PromptEncoder(trained(pre_tokenizers.ByteLevel(add_prefix_space=False)))
+    assert not encoder.fast
+    assert_same_ids(encoder)
+
+
+def test_the_demo_models_and_smollm2_encode_alike_either_way(models, smollm2):
+    for path in [*models.values(), smollm2]:
+        encoder = PromptEncoder.load(str(path))
+        assert encoder.fast
+        assert_same_ids(encoder)
