@@ -87,6 +87,13 @@ class RunSpec(_Section):
         description="A shard checkpoints its answers every this many records, so a crash "
         "loses at most one chunk. The engine is fed continuously either way.",
     )
+    encode_processes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Processes that render and tokenize prompts beside the run, so the "
+        "thread feeding the engine never waits on them. Default: none for a run under "
+        "20,000 records, else one per two spare cores (at most 4); 0 keeps it in a thread.",
+    )
     chunk_seconds: float = Field(
         default=300.0,
         gt=0,

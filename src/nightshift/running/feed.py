@@ -27,8 +27,8 @@ from nightshift.io.planstore import PlanStore
 from nightshift.jobs.columns import kept_rows
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.encoding import LocalEncoding, ProcessEncoding
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
-from nightshift.scheduling.render import renderer_for, rows
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
 # Batches encoded ahead. More only adds a thread competing with a CPU engine for cores
@@ -77,9 +77,11 @@ class RequestFeed:
         keys: Iterator[int] | None = None,
         keep: list[str] | None = None,
         sampling: Sampling | None = None,
+        processes: int = 0,
     ) -> None:
-        self.renderer = renderer_for(spec, encoder)  # the plan's very rendering
-        self.store, self.encoder = store, encoder
+        self.spec, self.store, self.encoder = spec, store, encoder
+        self.processes = processes  # encoding processes (running.encoding); 0: a thread
+        self._encoding: LocalEncoding | ProcessEncoding | None = None
         # the columns copied into results: the runner's (input.keep_columns + eval's)
         self.id_column = spec.input.id_column
         self.keep = keep if keep is not None else spec.input.keep_columns
@@ -107,6 +109,11 @@ class RequestFeed:
         tokenizer releases the GIL) from the first ``add``: a feed built before the
         engine is up has its first batches ready when it is."""
         if self._prefetch is None:
+            self._encoding = (
+                ProcessEncoding(self.spec, self.encoder, self.processes)
+                if self.processes
+                else LocalEncoding(self.spec, self.encoder)
+            )
             self._prefetch = Prefetch(self._batches(), depth=AHEAD_BATCHES)
         self._inbox.put((shard, skip or set()))
 
@@ -168,9 +175,22 @@ class RequestFeed:
         self.close_input()
         if self._prefetch is not None:
             self._prefetch.close()
+        if self._encoding is not None:
+            self._encoding.close()
 
     def _batches(self) -> Iterator[list[EngineRequest] | ShardEnd]:
-        while (item := self._inbox.get()) is not None:
+        """Batches of requests and shard ends, in order; with encoding processes, up to
+        two batches a process are being encoded while the oldest is handed out."""
+        sent: deque = deque()  # ShardEnd, or (shard, records, their ids once encoded)
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:  # all that was sent goes to the engine before waiting
+                while sent:
+                    yield self._handed(sent.popleft())
+                item = self._inbox.get()
+            if item is None:
+                break
             shard, done = item
             for batch in self.store.shard_batches(shard, REQUEST_BATCH):
                 records = pl.from_arrow(pa.Table.from_batches([batch]))
@@ -178,11 +198,22 @@ class RequestFeed:
                     left = [i not in done for i in records[self.id_column].to_list()]
                     records = records.filter(pl.Series(left, dtype=pl.Boolean))
                 if records.height:
-                    yield self._encode(shard, records)
-            yield ShardEnd(shard)
+                    sent.append((shard, records, self._encoding.submit(records)))
+                while len(sent) > 2 * self.processes:
+                    yield self._handed(sent.popleft())
+            sent.append(ShardEnd(shard))
+        while sent:
+            yield self._handed(sent.popleft())
 
-    def _encode(self, shard: int, records: pl.DataFrame) -> list[EngineRequest]:
-        token_ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
+    def _handed(self, item) -> list[EngineRequest] | ShardEnd:
+        if isinstance(item, ShardEnd):
+            return item
+        shard, records, encoded = item
+        return self._requests(shard, records, encoded())
+
+    def _requests(
+        self, shard: int, records: pl.DataFrame, token_ids: list[list[int]]
+    ) -> list[EngineRequest]:
         # under their results' names: a kept `text` is input_text (jobs.columns.kept_name)
         kept = kept_rows(records, self.keep) if self.keep else [{}] * records.height
         ids = records[self.id_column].to_list()

@@ -34,6 +34,7 @@ from nightshift.jobs.tasks import sampling_for
 from nightshift.running.cached import RunCache, canary_answers
 from nightshift.running.calibration import LabelCalibration
 from nightshift.running.copies import CopyBook, copy_rows, not_sent
+from nightshift.running.encoding import encode_processes
 from nightshift.running.feed import END, RequestFeed
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
@@ -127,9 +128,12 @@ class ShardRunner(ShardSettling):
             if not work or self.stopping.is_set():
                 self._stop_open(work)
                 return  # closed, and every shard settled (or stopping)
+            left = sum(w.remaining for w in work.values())
+            processes = encode_processes(left, self.spec.run.encode_processes)
             feed = RequestFeed(
-                self.spec, self.plans, self.encoder, self._keys, self.kept, self._run_sampling
-            )
+                self.spec, self.plans, self.encoder, self._keys, self.kept, self._run_sampling,
+                processes,
+            )  # fmt: skip
             try:
                 for w in work.values():
                     feed.add(w.shard, w.skip)  # encoding starts now, not later

@@ -1,0 +1,224 @@
+"""Render and encode the feed's record batches in processes of their own.
+
+Rendering and tokenizing every prompt is the run path's largest cost per record. In a
+thread it takes its share of the run's one GIL from the thread that feeds the engine and
+turns answers into rows, so on a fast engine the two wait on each other. A large run
+(``ENCODE_PROCESSES_FROM`` records or more, ``run.encode_processes``) hands each batch to
+a child process instead: the child gets the batch's records as Arrow, renders and
+encodes them with its own copy of the job's encoder (the same tokenizer, the same
+template: the same ids), and sends back the ids as one flat array. Until a child has
+loaded its tokenizer (seconds) batches are encoded here, so starting one never delays
+the first request.
+
+A child reads its batches from a pipe the run alone writes to: when the run ends, or is
+killed, the pipe closes and the child exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from array import array
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+import polars as pl
+import pyarrow as pa
+
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.errors import NightshiftError
+from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.render import renderer_for, rows
+
+ENCODE_PROCESSES_FROM = 20_000  # records in a run before its batches go to processes
+ANSWER_WITHIN_S = 120.0  # a batch takes well under a second; a child past this is stuck
+Encoded = Callable[[], list[list[int]]]  # a batch's ids, once they are there
+
+
+def encode_processes(records: int, setting: int | None) -> int:
+    """Processes for a run of ``records``: ``setting`` (run.encode_processes) where set,
+    else one per two cores beyond the run's own (at least one), for a large run only."""
+    env = os.environ.get("NIGHTSHIFT_ENCODE_PROCESSES")
+    if env is not None:
+        return max(0, int(env))
+    if setting is not None:
+        return setting
+    if records < ENCODE_PROCESSES_FROM or (os.cpu_count() or 1) < 2:
+        return 0
+    return max(1, min(4, ((os.cpu_count() or 2) - 1) // 2))
+
+
+class LocalEncoding:
+    """Encodes a batch in the calling thread (a small run, or a child not ready yet)."""
+
+    def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
+        self.renderer, self.encoder = renderer_for(spec, encoder), encoder
+
+    def submit(self, records: pl.DataFrame) -> Encoded:
+        ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
+        return lambda: ids
+
+    def close(self) -> None:
+        pass
+
+
+class ProcessEncoding:
+    """Batches encoded by ``processes`` children, taken in turn; their answers come back
+    in the order sent. Batches sent before a child is ready, or after it died, are
+    encoded here."""
+
+    def __init__(self, spec: JobSpec, encoder: PromptEncoder, processes: int) -> None:
+        self.local = LocalEncoding(spec, encoder)
+        self._children = [_Child(spec, self.local) for _ in range(processes)]
+        self._turn = itertools.cycle(self._children)
+        self.sent = 0  # batches sent to a child (the others were encoded here)
+
+    def submit(self, records: pl.DataFrame) -> Encoded:
+        child = next(self._turn)
+        if not child.ready():
+            return self.local.submit(records)
+        self.sent += 1
+        return child.send(records)
+
+    def close(self) -> None:
+        for child in self._children:
+            child.close()
+
+
+_GONE = object()  # a child's answers: it ended
+
+
+class _Child:
+    """One encoding process (``python -m nightshift.running.encoding``, never a fork of
+    the threaded run, nor a re-run of its main module); a thread of the run drains its
+    answers as they come, so neither side blocks on a full pipe while the other waits."""
+
+    def __init__(self, spec: JobSpec, local: LocalEncoding) -> None:
+        jobs_read, jobs_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(jobs_read), str(answers_write)],
+            pass_fds=(jobs_read, answers_write),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # a quiet screen: what it knows comes by its pipe
+        )
+        os.close(jobs_read)  # the child's ends: closed here, so a dead run closes its pipe
+        os.close(answers_write)
+        self.jobs = Connection(jobs_write, readable=False)
+        self.answers = Connection(answers_read, writable=False)
+        self.local = local
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._state = "starting"  # then "ready", or "gone" once its pipe closed
+        # Both pipe ends are served by threads of their own: a child that stops reading
+        # (frozen, or slow to start with a large spec) never blocks the run's feed.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox.put(pickle.dumps(spec))
+        self._writer = threading.Thread(target=self._write, name="nightshift-encoder-batches")
+        self._reader = threading.Thread(target=self._read, name="nightshift-encoder-answers")
+        for thread in (self._writer, self._reader):
+            thread.daemon = True
+            thread.start()
+
+    def _write(self) -> None:
+        while (data := self._outbox.get()) is not None:
+            try:
+                self.jobs.send_bytes(data)
+            except OSError:  # the child is gone: its reader says so
+                return
+
+    def _read(self) -> None:
+        try:
+            if self.answers.recv() == "ready":
+                self._state = "ready"
+            while True:
+                self._answers.put(self.answers.recv())
+        except (EOFError, OSError):
+            pass
+        self._state = "gone"
+        self._answers.put(_GONE)
+
+    def ready(self) -> bool:
+        return self._state == "ready"
+
+    def send(self, records: pl.DataFrame) -> Encoded:
+        table = records.to_arrow()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        self._outbox.put(sink.getvalue())
+        return lambda: self._take(records)
+
+    def _take(self, records: pl.DataFrame) -> list[list[int]]:
+        try:
+            answer = self._answers.get(timeout=ANSWER_WITHIN_S)
+        except queue.Empty:  # a child this slow is stuck: it goes, its batches come here
+            self.process.kill()
+            answer = _GONE
+        if answer is _GONE:  # it ended with this batch unanswered: encoded here instead
+            self._answers.put(_GONE)
+            return self.local.submit(records)()
+        lengths, flat = answer
+        if isinstance(lengths, str):
+            raise NightshiftError(f"an encoding process failed: {lengths}")
+        ids, at = flat.tolist(), 0
+        out = []
+        for n in lengths:
+            out.append(ids[at : at + n])
+            at += n
+        return out
+
+    def close(self) -> None:
+        self._outbox.put(None)  # the writer ends, then the pipe closes: the child exits
+        self._writer.join(timeout=5)
+        if self._writer.is_alive():  # stuck writing to a child that stopped reading
+            self.process.kill()
+            self._writer.join()
+        with contextlib.suppress(OSError):
+            self.jobs.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=5)
+        self.answers.close()
+
+
+def serve(jobs: Connection, answers: Connection) -> None:
+    """A child's loop: the job's spec, its encoder, then one answer per batch until the
+    run closes the pipe."""
+    from nightshift.scheduling.plan import load_encoder
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
+    try:
+        spec = pickle.loads(jobs.recv_bytes())
+        local = LocalEncoding(spec, load_encoder(spec))
+    except Exception:  # noqa: BLE001 - the run loaded it: it encodes in its thread instead
+        return
+    answers.send("ready")
+    while True:
+        try:
+            data = jobs.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            records = pl.from_arrow(pa.ipc.open_stream(data).read_all())
+            ids = local.submit(records)()
+            answer = (array("i", map(len, ids)), array("i", itertools.chain.from_iterable(ids)))
+        except Exception as exc:  # noqa: BLE001 - told to the run, which stops on it
+            answer = (f"{type(exc).__name__}: {exc}", None)
+        answers.send(answer)
+
+
+if __name__ == "__main__":
+    serve(
+        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
+    )

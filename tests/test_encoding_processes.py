@@ -1,0 +1,191 @@
+"""Prompts rendered and tokenized in processes beside the run (``running.encoding``):
+the same ids in the same order as in a thread, a child that dies costs nothing, and a
+child never outlives its run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import polars as pl
+import psutil
+import pytest
+
+from nightshift.io.outputs import JobOutput
+from nightshift.jobs.loading import validate_spec
+from nightshift.pipelines.direct import run_job
+from nightshift.running import encoding
+from nightshift.running.encoding import LocalEncoding, ProcessEncoding, encode_processes
+from nightshift.running.feed import RequestFeed
+from nightshift.running.runner import start_run
+from nightshift.scheduling.plan import load_encoder
+
+from .conftest import spec_dict, write_records
+from .durable import assert_exactly_once
+
+RECORDS = 1200
+
+
+def tickets(folder, count=RECORDS):
+    rows = [
+        {"ticket_id": f"t{i}", "subject": f"Order {i} ñ 日本", "body": "can't log in " * (i % 7)}
+        for i in range(count)
+    ]
+    return write_records(folder / "p.parquet", rows).parent
+
+
+def wait_ready(encoding: ProcessEncoding, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(child.ready() for child in encoding._children):
+        assert time.monotonic() < deadline, "the encoding process never got ready"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def planned(models, tmp_path):
+    data = spec_dict(models["chat"], tickets(tmp_path / "in"), tmp_path / "out")
+    data["plan"] = {"shard_records": 500}
+    spec = validate_spec(data)
+    job = start_run(spec, progress=False)
+    return spec, job
+
+
+def feed_all(spec, job, processes: int, skip=None) -> list[tuple]:
+    feed = RequestFeed(spec, job.output.plans, load_encoder(spec), processes=processes)
+    try:
+        out = []
+        for request in feed.requests(job.todo, skip):
+            pending = feed.in_flight[request.key]
+            out.append((pending.shard, pending.record_id, request.token_ids))
+        return out
+    finally:
+        feed.close()
+
+
+def test_a_child_encodes_the_same_ids_as_the_thread(planned):
+    spec, job = planned
+    encoder = load_encoder(spec)
+    local = LocalEncoding(spec, encoder)
+    remote = ProcessEncoding(spec, encoder, processes=2)
+    try:
+        wait_ready(remote)
+        batches = [b for s in job.todo for b in job.output.plans.shard_batches(s, 100)]
+        frames = [pl.from_arrow(b) for b in batches]
+        sent = [remote.submit(f) for f in frames]  # all sent before any is read back
+        assert [e() for e in sent] == [local.submit(f)() for f in frames]
+    finally:
+        remote.close()
+
+
+@pytest.fixture
+def through_children(monkeypatch) -> list:
+    """Every batch through a child, none encoded locally while it starts; the list gets
+    the ProcessEncoding of each batch."""
+    submit, used = ProcessEncoding.submit, []
+
+    def once_ready(self, records):
+        wait_ready(self)
+        used.append(self)
+        return submit(self, records)
+
+    monkeypatch.setattr(ProcessEncoding, "submit", once_ready)
+    return used
+
+
+def test_a_feed_with_processes_hands_out_what_a_thread_does(planned, through_children):
+    spec, job = planned
+    used = through_children
+    first = [record for shard, record, _ in feed_all(spec, job, 0) if shard == job.todo[0]]
+    skip = {job.todo[0]: set(first[::3])}  # checkpointed already
+    alone = feed_all(spec, job, processes=0, skip=skip)
+    assert len(alone) == RECORDS - len(first[::3])
+    assert feed_all(spec, job, processes=2, skip=skip) == alone
+    assert used and used[0].sent == len(used)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stuck"])
+def test_a_child_that_dies_or_sticks_costs_no_batch(planned, how, monkeypatch):
+    """A child killed, or frozen past ANSWER_WITHIN_S (then killed): its batches, the
+    one it held included, are encoded in the run; the ids are the same."""
+    monkeypatch.setattr(encoding, "ANSWER_WITHIN_S", 2.0)
+    spec, job = planned
+    encoder = load_encoder(spec)
+    remote = ProcessEncoding(spec, encoder, processes=1)
+    try:
+        wait_ready(remote)
+        batches = [b for s in job.todo for b in job.output.plans.shard_batches(s, 100)]
+        frames = [pl.from_arrow(b) for b in batches]
+        os.kill(remote._children[0].process.pid, how)
+        first = remote.submit(frames[0])  # sent before the run can know
+        rest = [remote.submit(f) for f in frames[1:]]
+        local = LocalEncoding(spec, encoder)
+        assert [first(), *(e() for e in rest)] == [local.submit(f)() for f in frames]
+        assert remote.sent >= 1
+    finally:
+        remote.close()
+
+
+def test_a_killed_run_leaves_no_encoding_process(planned, tmp_path):
+    spec, _ = planned
+    script = textwrap.dedent(
+        f"""
+        import time
+        from nightshift.jobs.loading import validate_spec
+        from nightshift.running.encoding import ProcessEncoding
+        from nightshift.scheduling.plan import load_encoder
+        spec = validate_spec({spec.model_dump(mode="json")!r})
+        remote = ProcessEncoding(spec, load_encoder(spec), processes=1)
+        while not remote._children[0].ready():
+            time.sleep(0.05)
+        print(remote._children[0].process.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(run.stdout.readline())
+    assert psutil.pid_exists(child)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the encoding process outlived its run"
+        time.sleep(0.1)
+
+
+def test_a_run_with_encoding_processes_answers_every_record_once(
+    models, tmp_path, through_children
+):
+    """The fake engine answers from the prompt's ids: the same rows either way."""
+    inputs = tickets(tmp_path / "in", 3000)
+    results = {}
+    for processes in (0, 1):
+        out = tmp_path / f"out-{processes}"
+        data = spec_dict(models["chat"], inputs, out, plan={"shard_records": 700})
+        data["run"] = {"engine": "fake", "chunk_records": 256, "encode_processes": processes}
+        run_job(validate_spec(data), progress=False)
+        assert_exactly_once(str(out), "ticket_id", [f"t{i}" for i in range(3000)])
+        results[processes] = (
+            pl.read_parquet(f"{out}/results/*.parquet")
+            .select("ticket_id", "label", "prompt_tokens")
+            .sort("ticket_id")
+        )
+        assert JobOutput(str(out)).plans.manifest() is not None
+    assert results[1].equals(results[0])
+    assert through_children and through_children[-1].sent == len(through_children)
+
+
+def test_how_many_processes_a_run_gets(monkeypatch):
+    monkeypatch.delenv("NIGHTSHIFT_ENCODE_PROCESSES", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert encode_processes(1_000, None) == 0  # a small run: a thread is enough
+    assert encode_processes(1_000_000, None) == 4
+    assert encode_processes(1_000_000, 0) == 0
+    assert encode_processes(10, 2) == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert encode_processes(1_000_000, None) == 1
+    monkeypatch.setenv("NIGHTSHIFT_ENCODE_PROCESSES", "0")
+    assert encode_processes(1_000_000, 3) == 0
