@@ -59,6 +59,7 @@ class PromptEncoder:
         self._frame_ids: dict[str, list[int]] = {}
         self._conversations: dict[tuple, list[str] | ValueError] = {}
         self._segments: dict[str, list[int]] = {}
+        self._bos_ids: list[int] | None = None
         # record text through tiktoken where it is the same byte-level BPE (fastbpe)
         self._fast = fast_encoder(hf_tokenizer, self._hf_texts)
         self.composes = self._segments_compose()
@@ -293,8 +294,12 @@ class PromptEncoder:
         return [*pieces, text]
 
     def _bos(self) -> list[int]:
-        ids = self._tok("x", add_special_tokens=True)["input_ids"]
-        return [self.bos_token_id] if ids and ids[0] == self.bos_token_id else []
+        """The BOS the tokenizer adds to plain text, or nothing (asked once: it is called
+        for every prompt without a chat template)."""
+        if self._bos_ids is None:
+            ids = self._tok("x", add_special_tokens=True)["input_ids"]
+            self._bos_ids = [self.bos_token_id] if ids and ids[0] == self.bos_token_id else []
+        return list(self._bos_ids)
 
     def _one_bos(self, ids: list[int]) -> list[int]:
         bos = self.bos_token_id

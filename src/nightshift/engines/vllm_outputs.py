@@ -83,7 +83,8 @@ def _embedding(key: int, out: Any) -> EngineResult:
         finish_reason="stop",
         prompt_tokens=len(out.prompt_token_ids or []),
         cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-        embedding=tuple(float(x) for x in data.float().tolist()),
+        # tolist() gives Python floats already: one pass, not one call per element
+        embedding=tuple(data.float().reshape(-1).tolist()),
     )
 
 
