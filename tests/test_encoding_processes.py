@@ -4,12 +4,17 @@ child never outlives its run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from array import array
+from types import SimpleNamespace
 
 import polars as pl
 import psutil
@@ -130,6 +135,8 @@ def test_a_child_that_dies_or_sticks_costs_no_batch(planned, how, monkeypatch):
 
 
 def test_a_killed_run_leaves_no_encoding_process(planned, tmp_path):
+    """Also when a process forked from the run (as vLLM forks its engine core) still
+    holds the run's end of the pipe: the child watches its parent too."""
     spec, _ = planned
     script = textwrap.dedent(
         f"""
@@ -141,19 +148,28 @@ def test_a_killed_run_leaves_no_encoding_process(planned, tmp_path):
         remote = ProcessEncoding(spec, load_encoder(spec), processes=1)
         while not remote._children[0].ready():
             time.sleep(0.05)
-        print(remote._children[0].process.pid, flush=True)
+        import os
+        holder = os.fork()
+        if holder == 0:
+            time.sleep(120)
+            os._exit(0)
+        print(remote._children[0].process.pid, holder, flush=True)
         time.sleep(600)
         """
     )
     run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    child = int(run.stdout.readline())
-    assert psutil.pid_exists(child)
-    os.kill(run.pid, signal.SIGKILL)
-    run.wait()
-    deadline = time.monotonic() + 30
-    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the encoding process outlived its run"
-        time.sleep(0.1)
+    child, holder = (int(pid) for pid in run.stdout.readline().split())
+    try:
+        assert psutil.pid_exists(child)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the encoding process outlived its run"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder, signal.SIGKILL)
 
 
 def test_a_run_with_encoding_processes_answers_every_record_once(
@@ -189,3 +205,25 @@ def test_how_many_processes_a_run_gets(monkeypatch):
     assert encode_processes(1_000_000, None) == 1
     monkeypatch.setenv("NIGHTSHIFT_ENCODE_PROCESSES", "0")
     assert encode_processes(1_000_000, 3) == 0
+
+
+def test_a_late_answer_after_a_time_out_is_never_taken_for_a_later_batch(monkeypatch):
+    """The stuck child answers just after its time ran out: that answer (and any after
+    it) is never read, every later batch of that child is encoded in the run."""
+    monkeypatch.setattr(encoding, "ANSWER_WITHIN_S", 0.2)
+    child = object.__new__(encoding._Child)
+    child._answers, child._abandoned, child._state = queue.SimpleQueue(), False, "ready"
+    child.process = SimpleNamespace(kill=lambda: None)
+    child.local = SimpleNamespace(submit=lambda records: lambda: [["local", records]])
+
+    def late():
+        time.sleep(0.3)
+        child._answers.put((array("i", [1]), array("i", [111])))  # batch N's, too late
+        child._answers.put(encoding._GONE)
+
+    threading.Thread(target=late).start()
+    assert child._take("N") == [["local", "N"]]
+    time.sleep(0.2)
+    assert child._take("N+1") == [["local", "N+1"]]
+    assert child._take("N+2") == [["local", "N+2"]]
+    assert not child.ready()

@@ -140,3 +140,39 @@ def test_the_demo_models_and_smollm2_encode_alike_either_way(models, smollm2):
         encoder = PromptEncoder.load(str(path))
         assert encoder.fast
         assert_same_ids(encoder)
+
+
+def test_a_token_no_merge_makes_keeps_the_tokenizer():
+    """Llama 3 has tokens no merge makes (with ignore_merges): tiktoken would form them
+    inside longer words, the tokenizer never does, so such a vocabulary is not fast."""
+    hf = trained(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    described = json.loads(hf.backend_tokenizer.to_str())
+    model = described["model"]
+    merge = max(model["merges"], key=lambda m: len("".join(m)))  # a long word's last merge
+    model["merges"].remove(merge)
+    model["ignore_merges"] = True
+    changed = Tokenizer.from_str(json.dumps(described))
+    encoder = PromptEncoder(PreTrainedTokenizerFast(tokenizer_object=changed, bos_token="<s>"))
+    assert not encoder.fast
+    assert_same_ids(encoder)
+
+
+@pytest.mark.parametrize("setting", ["padding", "truncation"])
+def test_padding_or_truncation_in_tokenizer_json_never_reaches_a_prompt(setting):
+    hf = trained(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    plain = PromptEncoder(hf)
+    described = json.loads(hf.backend_tokenizer.to_str())
+    described[setting] = (
+        {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+         "pad_id": 1, "pad_type_id": 0, "pad_token": "</s>"}
+        if setting == "padding"
+        else {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    )  # fmt: skip
+    tok = Tokenizer.from_str(json.dumps(described))
+    texts = ["a b c d e f g h i j k l m n o p", "hi", "x\x04y"] + hard_texts()
+    for fast in ("", "hf"):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("NIGHTSHIFT_TOKENIZER", fast)
+            encoder = PromptEncoder(PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>"))
+            assert encoder.encode_texts(texts) == plain.encode_texts(texts)
+            assert encoder._hf_texts(texts) == plain._hf_texts(texts)

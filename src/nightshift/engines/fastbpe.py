@@ -153,7 +153,10 @@ def _normalizer(normalizer: dict[str, Any] | None) -> bool | None:
 
 def _ranks(model: dict[str, Any], added: set[int]) -> dict[bytes, int] | None:
     """The vocabulary as bytes -> id, when ids grow with the merges (tiktoken merges the
-    pair whose joint token has the lowest id; the tokenizer, the earliest merge)."""
+    pair whose joint token has the lowest id; the tokenizer, the earliest merge) and every
+    token of two bytes or more is some merge's joint (tiktoken forms any token from two
+    adjacent parts; the tokenizer only through a listed merge: Llama 3 has tokens no merge
+    makes, and keeps its tokenizer)."""
     decoder = _byte_decoder()
     ranks: dict[bytes, int] = {}
     for token, rank in model.get("vocab", {}).items():
@@ -164,14 +167,15 @@ def _ranks(model: dict[str, Any], added: set[int]) -> dict[bytes, int] | None:
         ranks[bytes(decoder[c] for c in token)] = rank
     if len(ranks) != len(set(ranks.values())):
         return None
-    previous = -1
+    previous, joints = -1, 0
     for merge in model.get("merges", []):
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
         joint = ranks.get(bytes(decoder[c] for c in left + right))
         if joint is None or joint <= previous:
             return None
-        previous = joint
-    return ranks
+        previous, joints = joint, joints + 1
+    longer = sum(1 for token in ranks if len(token) > 1)
+    return ranks if joints == longer else None  # merges make distinct tokens (ids grow)
 
 
 @lru_cache(maxsize=1)

@@ -60,6 +60,7 @@ class PromptEncoder:
         self._conversations: dict[tuple, list[str] | ValueError] = {}
         self._segments: dict[str, list[int]] = {}
         self._bos_ids: list[int] | None = None
+        self._plain = None  # the backend for _hf_texts (_plain_backend)
         # record text through tiktoken where it is the same byte-level BPE (fastbpe)
         self._fast = fast_encoder(hf_tokenizer, self._hf_texts)
         self.composes = self._segments_compose()
@@ -178,7 +179,9 @@ class PromptEncoder:
             return batch["input_ids"]
         # The Rust tokenizer itself, as the call above reaches it (special-token strings
         # split), without its offsets and Python wrapping: the same ids, 1.3-1.8x faster
-        # (the run path's largest cost per record; benchmarks/run_path.py).
+        # (the run path's largest cost per record; benchmarks/run_path.py). Its own copy:
+        # padding or truncation set in tokenizer.json must never reach a prompt's ids.
+        backend = self._plain_backend(backend)
         with _SPECIALS_SPLIT:
             was, backend.encode_special_tokens = backend.encode_special_tokens, True
             try:
@@ -186,6 +189,19 @@ class PromptEncoder:
             finally:
                 backend.encode_special_tokens = was
         return [e.ids for e in encodings]
+
+    def _plain_backend(self, backend):
+        """``backend`` without padding and truncation (a copy, made once, where it has
+        either: the chat template and the rest keep the tokenizer as loaded)."""
+        if self._plain is None:
+            self._plain = backend
+            if backend.padding is not None or backend.truncation is not None:
+                from tokenizers import Tokenizer
+
+                self._plain = Tokenizer.from_str(backend.to_str())
+                self._plain.no_padding()
+                self._plain.no_truncation()
+        return self._plain
 
     def encode_shared(self, texts: Sequence[str]) -> list[list[int]]:
         """Like ``encode_texts``, remembering texts that repeat across records."""

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from array import array
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -76,7 +77,13 @@ class ProcessEncoding:
 
     def __init__(self, spec: JobSpec, encoder: PromptEncoder, processes: int) -> None:
         self.local = LocalEncoding(spec, encoder)
-        self._children = [_Child(spec, self.local) for _ in range(processes)]
+        self._children: list[_Child] = []
+        try:
+            for _ in range(processes):
+                self._children.append(_Child(spec, self.local))
+        except BaseException:
+            self.close()
+            raise
         self._turn = itertools.cycle(self._children)
         self.sent = 0  # batches sent to a child (the others were encoded here)
 
@@ -88,6 +95,8 @@ class ProcessEncoding:
         return child.send(records)
 
     def close(self) -> None:
+        for child in self._children:  # all told at once, then each waited for
+            child.finish()
         for child in self._children:
             child.close()
 
@@ -104,7 +113,7 @@ class _Child:
         jobs_read, jobs_write = os.pipe()
         answers_read, answers_write = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(jobs_read), str(answers_write)],
+            [sys.executable, "-m", __name__, str(jobs_read), str(answers_write), str(os.getpid())],
             pass_fds=(jobs_read, answers_write),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -117,6 +126,7 @@ class _Child:
         self.local = local
         self._answers: queue.SimpleQueue = queue.SimpleQueue()
         self._state = "starting"  # then "ready", or "gone" once its pipe closed
+        self._abandoned = False  # timed out: killed, and its answers never read again
         # Both pipe ends are served by threads of their own: a child that stops reading
         # (frozen, or slow to start with a large spec) never blocks the run's feed.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -140,13 +150,13 @@ class _Child:
                 self._state = "ready"
             while True:
                 self._answers.put(self.answers.recv())
-        except (EOFError, OSError):
+        except Exception:  # noqa: BLE001 - closed, or unreadable: either way it is gone
             pass
         self._state = "gone"
         self._answers.put(_GONE)
 
     def ready(self) -> bool:
-        return self._state == "ready"
+        return self._state == "ready" and not self._abandoned
 
     def send(self, records: pl.DataFrame) -> Encoded:
         table = records.to_arrow()
@@ -157,11 +167,14 @@ class _Child:
         return lambda: self._take(records)
 
     def _take(self, records: pl.DataFrame) -> list[list[int]]:
+        if self._abandoned:  # any answer still to come may be a late one: never read
+            return self.local.submit(records)()
         try:
             answer = self._answers.get(timeout=ANSWER_WITHIN_S)
         except queue.Empty:  # a child this slow is stuck: it goes, its batches come here
+            self._abandoned = True
             self.process.kill()
-            answer = _GONE
+            return self.local.submit(records)()
         if answer is _GONE:  # it ended with this batch unanswered: encoded here instead
             self._answers.put(_GONE)
             return self.local.submit(records)()
@@ -175,8 +188,12 @@ class _Child:
             at += n
         return out
 
+    def finish(self) -> None:
+        """No more batches: the writer ends, then the pipe closes and the child exits."""
+        self._outbox.put(None)
+
     def close(self) -> None:
-        self._outbox.put(None)  # the writer ends, then the pipe closes: the child exits
+        self.finish()
         self._writer.join(timeout=5)
         if self._writer.is_alive():  # stuck writing to a child that stopped reading
             self.process.kill()
@@ -192,12 +209,14 @@ class _Child:
         self.answers.close()
 
 
-def serve(jobs: Connection, answers: Connection) -> None:
+def serve(jobs: Connection, answers: Connection, parent: int) -> None:
     """A child's loop: the job's spec, its encoder, then one answer per batch until the
-    run closes the pipe."""
+    run closes the pipe, or is gone (an engine process forked from the run may hold the
+    pipe open after the run died)."""
     from nightshift.scheduling.plan import load_encoder
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
+    threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()
     try:
         spec = pickle.loads(jobs.recv_bytes())
         local = LocalEncoding(spec, load_encoder(spec))
@@ -218,7 +237,12 @@ def serve(jobs: Connection, answers: Connection) -> None:
         answers.send(answer)
 
 
+def _exit_without(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    serve(
-        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
-    )
+    jobs_fd, answers_fd, parent = (int(a) for a in sys.argv[1:4])
+    serve(Connection(jobs_fd, writable=False), Connection(answers_fd, readable=False), parent)
