@@ -1,8 +1,8 @@
-"""Record text through tiktoken when the model's tokenizer is byte-level BPE.
+"""Record text through tiktoken when the model's tokenizer is a byte-level BPE it repeats.
 
 Encoding each record's text is the run path's largest cost per record (the engine gets
 token ids, so nightshift encodes every prompt once: ``benchmarks/run_path.py``). For a
-byte-level BPE tokenizer (GPT-2, SmolLM, Llama 3, Qwen) tiktoken runs the same algorithm
+byte-level BPE tokenizer (GPT-2, SmolLM, Qwen) tiktoken runs the same algorithm
 about 4x faster on one core and releases the GIL while it does. It is used only where
 the tokenizer's own description (its ``tokenizer.json``) says it is that algorithm, and
 only after it gave the tokenizer's very ids on a fixed set of hard strings (scripts,
