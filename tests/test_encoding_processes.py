@@ -20,6 +20,7 @@ import polars as pl
 import psutil
 import pytest
 
+from nightshift.engines.fake import FakeEngine
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
@@ -27,6 +28,7 @@ from nightshift.running import encoding
 from nightshift.running.encoding import LocalEncoding, ProcessEncoding, encode_processes
 from nightshift.running.feed import RequestFeed
 from nightshift.running.runner import start_run
+from nightshift.running.shardqueue import ShardQueue
 from nightshift.scheduling.plan import load_encoder
 
 from .conftest import spec_dict, write_records
@@ -227,3 +229,31 @@ def test_a_late_answer_after_a_time_out_is_never_taken_for_a_later_batch(monkeyp
     assert child._take("N+1") == [["local", "N+1"]]
     assert child._take("N+2") == [["local", "N+2"]]
     assert not child.ready()
+
+
+def test_a_large_job_fed_a_shard_at_a_time_gets_its_processes(models, tmp_path, monkeypatch):
+    """The job's size decides, not the shards open when the feed starts: a flow hands
+    its shards over one by one, the first alone under the bar."""
+    monkeypatch.setattr(encoding, "ENCODE_PROCESSES_FROM", 2000)
+    monkeypatch.delenv("NIGHTSHIFT_ENCODE_PROCESSES", raising=False)
+    data = spec_dict(models["chat"], tickets(tmp_path / "in", 3000), tmp_path / "out")
+    data["plan"] = {"shard_records": 700}
+    data["run"] = {"engine": "fake", "chunk_records": 256}
+    job = start_run(validate_spec(data), progress=False)
+    asked = []
+    made = RequestFeed.__init__
+
+    def recording(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        asked.append(self.processes)
+
+    monkeypatch.setattr(RequestFeed, "__init__", recording)
+    queue_ = ShardQueue()
+    queue_.put(job.todo[0])  # the others come once the feed runs
+    feeder = threading.Timer(1.0, lambda: [*map(queue_.put, job.todo[1:]), queue_.close()])
+    feeder.start()
+    engine = FakeEngine()
+    job.runner.feed_shards(queue_, SimpleNamespace(acquire=lambda: engine, discard=print))
+    feeder.join()
+    assert asked == [1]
+    assert_exactly_once(str(tmp_path / "out"), "ticket_id", [f"t{i}" for i in range(3000)])

@@ -91,7 +91,7 @@ class RunSpec(_Section):
         default=None,
         ge=0,
         description="Processes that render and tokenize prompts beside the run, so the "
-        "thread feeding the engine never waits on them. Default: none for a run under "
+        "thread feeding the engine never waits on them. Default: none for a job under "
         "20,000 records, else one per two spare cores (at most 4); 0 keeps it in a thread.",
     )
     chunk_seconds: float = Field(

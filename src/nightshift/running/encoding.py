@@ -3,7 +3,7 @@
 Rendering and tokenizing every prompt is the run path's largest cost per record. In a
 thread it takes its share of the run's one GIL from the thread that feeds the engine and
 turns answers into rows, so on a fast engine the two wait on each other. A large run
-(``ENCODE_PROCESSES_FROM`` records or more, ``run.encode_processes``) hands each batch to
+(a job of ``ENCODE_PROCESSES_FROM`` records or more, ``run.encode_processes``) hands each batch to
 a child process instead: the child gets the batch's records as Arrow, renders and
 encodes them with its own copy of the job's encoder (the same tokenizer, the same
 template: the same ids), and sends back the ids as one flat array. Until a child has
@@ -38,17 +38,18 @@ from nightshift.errors import NightshiftError
 from nightshift.jobs.spec import JobSpec
 from nightshift.scheduling.render import renderer_for, rows
 
-ENCODE_PROCESSES_FROM = 20_000  # records in a run before its batches go to processes
+ENCODE_PROCESSES_FROM = 20_000  # records in a job before its batches go to processes
 ANSWER_WITHIN_S = 120.0  # a batch takes well under a second; a child past this is stuck
 Encoded = Callable[[], list[list[int]]]  # a batch's ids, once they are there
 
 
 def encode_processes(records: int, setting: int | None) -> int:
-    """Processes for a run of ``records``: ``setting`` (run.encode_processes) where set,
-    else one per two cores beyond the run's own (at least one), for a large run only."""
-    env = os.environ.get("NIGHTSHIFT_ENCODE_PROCESSES")
-    if env is not None:
-        return max(0, int(env))
+    """Processes for a job of ``records``: ``NIGHTSHIFT_ENCODE_PROCESSES``, else
+    ``setting`` (run.encode_processes) where set, else one per two cores beyond the run's
+    own (at least one), for a large job only."""
+    env = os.environ.get("NIGHTSHIFT_ENCODE_PROCESSES", "").strip()
+    if env.isdigit():  # anything else is no setting (never a traceback mid-run)
+        return int(env)
     if setting is not None:
         return setting
     if records < ENCODE_PROCESSES_FROM or (os.cpu_count() or 1) < 2:

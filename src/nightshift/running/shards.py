@@ -128,8 +128,8 @@ class ShardRunner(ShardSettling):
             if not work or self.stopping.is_set():
                 self._stop_open(work)
                 return  # closed, and every shard settled (or stopping)
-            left = sum(w.remaining for w in work.values())
-            processes = encode_processes(left, self.spec.run.encode_processes)
+            # by the job's size, not the shards open now: a flow opens its first alone
+            processes = encode_processes(sum(self.planned.values()), self.spec.run.encode_processes)
             feed = RequestFeed(
                 self.spec, self.plans, self.encoder, self._keys, self.kept, self._run_sampling,
                 processes,
