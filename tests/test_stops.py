@@ -225,17 +225,18 @@ def test_a_worker_stopped_while_holding_a_lease_releases_it(
 def test_a_frozen_engine_core_is_killed_and_replaced_and_the_job_completes(
     models, ticket_dir, tmp_path, monkeypatch
 ):
-    """Real vLLM: the engine-core process is SIGSTOPped right after the first commit;
-    within run.stall_s the watchdog kills it with its children, the shards in flight go
-    on from their checkpoints on a fresh engine, and every id is answered once."""
+    """Real vLLM: the engine-core process is SIGSTOPped right after the first checkpoint
+    (not the first commit: a fast machine had every record answered by then, and nothing
+    stalled); within run.stall_s the watchdog kills it with its children, the shards in
+    flight go on from their checkpoints on a fresh engine, and every id is answered once."""
     from nightshift.io.shardstore import ShardStore
     from nightshift.jobs.loading import validate_spec
     from nightshift.pipelines.direct import run_job
 
-    commit, frozen = ShardStore.commit, []
+    write_chunk, frozen = ShardStore.write_chunk, []
 
-    def commit_then_freeze(self, shard, *args, **kwargs):
-        done = commit(self, shard, *args, **kwargs)
+    def checkpoint_then_freeze(self, shard, *args, **kwargs):
+        done = write_chunk(self, shard, *args, **kwargs)
         for child in [] if frozen else psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
@@ -243,12 +244,12 @@ def test_a_frozen_engine_core_is_killed_and_replaced_and_the_job_completes(
                     frozen.append(child)
         return done
 
-    monkeypatch.setattr(ShardStore, "commit", commit_then_freeze)
+    monkeypatch.setattr(ShardStore, "write_chunk", checkpoint_then_freeze)
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})
     data["run"] = {"chunk_records": 8, "stall_s": 5, "canary": False}
-    # Small batches: the later shards' records are still to run when shard 0 commits.
+    # Small batches: most records are still to run at the first checkpoint.
     data["engine"] = {"max_num_seqs": 8, "extra": {"enforce_eager": True}}
     outcome = run_job(validate_spec(data), progress=False)
 
@@ -274,8 +275,12 @@ def test_sigterm_to_a_real_engine_run_mid_shard_keeps_every_answer_once(
     # a checkpoint stands for nearly the whole run, so a fast machine cannot finish the job
     # between two looks (CI once answered 3 shards of one-token labels inside one poll).
     data = spec_dict(
-        models["chat"], ticket_dir, out, plan={"shard_records": 120},
-        task={"kind": "generate"}, sampling={"max_tokens": 48},
+        models["chat"],
+        ticket_dir,
+        out,
+        plan={"shard_records": 120},
+        task={"kind": "generate"},
+        sampling={"max_tokens": 48},
     )
     data["run"] = {"chunk_records": 4, "stop_s": 60, "canary": False}
     spec = write_spec(data)
