@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from nightshift.engines.base import EngineRequest, Pooling, Sampling
 from nightshift.engines.fake import FakeEngine
 
@@ -56,5 +58,8 @@ def test_fast_embeddings_are_fixed_per_prompt_and_normalized():
     vectors = [r.embedding for r in answers(engine, Sampling(1, pooling=Pooling(True)))]
     again = [r.embedding for r in answers(FakeEngine(fast=True, embedding_size=32),
                                           Sampling(1, pooling=Pooling(True)))]  # fmt: skip
-    assert vectors == again and len(set(vectors)) == len(PROMPTS)
-    assert all(len(v) == 32 and math.isclose(sum(x * x for x in v), 1.0) for v in vectors)
+    # float32 arrays, never Python floats (the run path's cost: engines.base.as_vector)
+    assert all(v.dtype == np.float32 and not v.flags.writeable for v in vectors)
+    assert [v.tolist() for v in vectors] == [v.tolist() for v in again]
+    assert len({v.tobytes() for v in vectors}) == len(PROMPTS)
+    assert all(len(v) == 32 and math.isclose(float(v @ v), 1.0, rel_tol=1e-6) for v in vectors)

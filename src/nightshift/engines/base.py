@@ -103,7 +103,9 @@ class EngineResult:
     aborted: bool = False  # not finished: no answer, never a row; the record is asked again
     choices: tuple[Choice, ...] = ()  # every answer; () means one: text and finish_reason
     scores: tuple[float, ...] | None = None  # Sampling.score_tokens' log probabilities
-    embedding: tuple[float, ...] | None = None  # Sampling.pooling's vector
+    # Sampling.pooling's vector: a read-only float32 numpy array (``as_vector``), never
+    # Python floats (a 1,024-float vector as floats costs more than nightshift's whole path)
+    embedding: Any = None
     # choice 0's thinking, apart from ``text`` (Choice's fields); tokens summed over choices
     reasoning: str | None = None
     reasoning_tokens: int = 0
@@ -191,3 +193,13 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     def close(self) -> None: ...
+
+
+def as_vector(values: Any) -> Any:
+    """``values`` (a sequence or array of numbers) as an embedding: a read-only float32
+    numpy array, as ``EngineResult.embedding`` holds it."""
+    import numpy as np
+
+    array = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    array.flags.writeable = False
+    return array

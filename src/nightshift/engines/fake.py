@@ -27,6 +27,7 @@ from nightshift.engines.base import (
     EngineStats,
     Pooling,
     Sampling,
+    as_vector,
 )
 from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tests, the log)
     _BITS_64,
@@ -311,7 +312,7 @@ class FakeEngine:
         s.prefix_cache_queries += len(ids)
         s.prefix_cache_hits += cached
         s.prefill_seconds += len(ids) * 1e-6
-        return EngineResult(key, "", "stop", len(ids), 0, cached, embedding=tuple(vector))
+        return EngineResult(key, "", "stop", len(ids), 0, cached, embedding=as_vector(vector))
 
     def _choice(
         self, ids: list[int], sampling: Sampling, draw: int, digest: int | None = None

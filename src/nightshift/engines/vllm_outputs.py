@@ -9,7 +9,14 @@ import json
 from dataclasses import asdict, replace
 from typing import Any
 
-from nightshift.engines.base import Choice, EngineResult, Pooling, Sampling, TokenLogprob
+from nightshift.engines.base import (
+    Choice,
+    EngineResult,
+    Pooling,
+    Sampling,
+    TokenLogprob,
+    as_vector,
+)
 from nightshift.engines.reasoning import Markers, Thought
 
 
@@ -83,8 +90,8 @@ def _embedding(key: int, out: Any) -> EngineResult:
         finish_reason="stop",
         prompt_tokens=len(out.prompt_token_ids or []),
         cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-        # tolist() gives Python floats already: one pass, not one call per element
-        embedding=tuple(data.float().reshape(-1).tolist()),
+        # float32 numpy, never Python floats (engines.base.vector)
+        embedding=as_vector(data.float().reshape(-1).cpu().numpy()),
     )
 
 

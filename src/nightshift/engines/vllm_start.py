@@ -32,6 +32,7 @@ READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
 class EngineStartupTimeout(EngineError):
     """The engine was not ready within ``run.startup_timeout_s``."""
 
+
 # vLLM 0.33's own words when a KV cache dtype is what fails (attention backend
 # selection, vllm/v1/attention/backend.py:307, platforms/cpu.py:160-194,
 # v1/attention/backends/cpu_attn.py:539-551 and the FP8 kernels' own checks).

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore
+from nightshift.io.parquetfiles import parquet_bytes
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
@@ -55,6 +56,9 @@ MARKER_FILE = re.compile(rf"^{COMMITTED}/shard-\d{{5}}\.json$")
 # An attempt's progress file in _work/shard-N/ (progress.json: one from before attempts
 # had their own, still read on resume).
 PROGRESS_FILE = re.compile(r"^progress(-[0-9a-f]+)?\.json$")
+# Parquet files up to this size are put from memory; larger ones go through a file
+# (S3 uploads those in parts)
+PUT_IN_ONE = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -196,17 +200,19 @@ class ShardStore:
         return [key for key in keys if DATA_FILE.match(key)]
 
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
-        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
-            path = Path(tmp) / "part.parquet"
-            pq.write_table(table, path, compression="zstd")
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            self.store.put_file(key, path)
+        data = parquet_bytes(table).to_pybytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if len(data) <= PUT_IN_ONE:  # a chunk: straight from memory, no temp file
+            self.store.put_bytes(key, data)
+        else:  # a large shard: the store's managed transfer (multipart on S3)
+            with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
+                path = Path(tmp) / "part.parquet"
+                path.write_bytes(data)
+                self.store.put_file(key, path)
         return StoredFile(key, table.num_rows, digest, kind)
 
     def _get_table(self, key: str) -> pa.Table:
-        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
-            path = self.store.download(key, Path(tmp) / "part.parquet")
-            return pq.read_table(path)
+        return pq.read_table(pa.BufferReader(self.store.get_bytes(key)))
 
 
 def one_row_per_record(ok: pa.Table, failed: pa.Table, id_column: str) -> tuple[pa.Table, pa.Table]:

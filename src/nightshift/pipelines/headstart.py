@@ -5,9 +5,10 @@ of its own, about 5 s) and the flow run is created; then the flow imports vLLM (
 7 s) as it starts the engine. None of these needs the others, so ``head_start``:
 
 1. boots the temporary server in the background (when no ``PREFECT_API_URL`` is set);
-2. meanwhile imports vLLM and the flow here, in the main thread (imports are not run
-   in two threads at once: two threads importing modules that import each other can
-   deadlock);
+2. meanwhile imports vLLM, the flow and the tokenizer's package (transformers, which
+   imports torch: 3 s on the fake engine, where vLLM does not import it first) here, in
+   the main thread (imports are not run in two threads at once: two threads importing
+   modules that import each other can deadlock);
 3. starts the engine itself (``running.engines.start_head``), where this host holds
    no GPU slot: a GPU host's engine waits for its slot, which needs the server, and
    the flow starts it early once the slot is held (``pipelines.flow``).
@@ -50,6 +51,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         early = early and work_may_be_left(spec, overwrite, new_run) and _prepared(spec)
         early = early and not canary_pending(spec, overwrite, new_run)  # engines in turn
         import_module("nightshift.pipelines.flow")  # before the engine's thread: one importer
+        _import_tokenizers()
         if early and not host_takes_slots():
             engines.start_head(spec)
         if server is not None:
@@ -58,6 +60,13 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
     finally:
         stop_clock()
         engines.drop_head()
+
+
+def _import_tokenizers() -> None:
+    """What loading the job's tokenizer imports (``engines.tokenizer``), while the server
+    boots rather than after it: a plan, or a resume's first record, waits on it."""
+    with contextlib.suppress(ImportError):
+        import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
 
 
 def _prepared(spec: JobSpec) -> bool:

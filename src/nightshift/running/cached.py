@@ -17,7 +17,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from nightshift.engines.base import Choice, EngineRequest, EngineResult, Sampling, TokenLogprob
+from nightshift.engines.base import (
+    Choice,
+    EngineRequest,
+    EngineResult,
+    Sampling,
+    TokenLogprob,
+    as_vector,
+)
 from nightshift.io.planstore import PlanStore
 from nightshift.io.responsecache import ResponseCache
 from nightshift.jobs.sampling import sampling_key
@@ -141,7 +148,7 @@ def answer_of(result: EngineResult) -> dict[str, Any]:
             for c in result.choices
         ],
         **({} if result.scores is None else {"scores": list(result.scores)}),
-        **({} if result.embedding is None else {"embedding": list(result.embedding)}),
+        **({} if result.embedding is None else {"embedding": result.embedding.tolist()}),
         **_thinking(result),
     }
 
@@ -186,7 +193,7 @@ def result_of(key: int, answer: dict[str, Any]) -> EngineResult:
         cached_tokens=int(answer["cached_tokens"]),
         choices=choices,
         scores=tuple(map(float, answer["scores"])) if "scores" in answer else None,
-        embedding=tuple(map(float, answer["embedding"])) if "embedding" in answer else None,
+        embedding=as_vector(answer["embedding"]) if "embedding" in answer else None,
     )
 
 
