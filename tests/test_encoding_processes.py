@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from nightshift.engines.fake import FakeEngine
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
-from nightshift.running import encoding
+from nightshift.running import encoding, runner
 from nightshift.running.encoding import LocalEncoding, ProcessEncoding, encode_processes
 from nightshift.running.feed import RequestFeed
 from nightshift.running.runner import start_run
@@ -257,3 +258,61 @@ def test_a_large_job_fed_a_shard_at_a_time_gets_its_processes(models, tmp_path, 
     feeder.join()
     assert asked == [1]
     assert_exactly_once(str(tmp_path / "out"), "ticket_id", [f"t{i}" for i in range(3000)])
+
+
+def _spare_pids(spec) -> list[int]:
+    return [child.process.pid for child in encoding._spares.get(pickle.dumps(spec), [])]
+
+
+def _gone(pids: list[int], timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_run_starts_its_encoding_processes_before_it_plans_and_its_feed_takes_them(
+    models, tmp_path, monkeypatch
+):
+    """A child loads its tokenizer while the plan is built, not after the feed starts
+    (seconds of batches encoded beside the engine); the feed takes those very children."""
+    monkeypatch.setattr(encoding, "ENCODE_PROCESSES_FROM", 2000)
+    monkeypatch.delenv("NIGHTSHIFT_ENCODE_PROCESSES", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    data = spec_dict(models["chat"], tickets(tmp_path / "in", 3000), tmp_path / "out")
+    spec = validate_spec(data)
+    started, build = [], runner.build_plan
+
+    def planning(spec, encoder, progress):
+        started.extend(_spare_pids(spec))
+        return build(spec, encoder, progress)
+
+    monkeypatch.setattr(runner, "build_plan", planning)
+    job = start_run(spec, progress=False)
+    assert len(started) == 1
+    taken = ProcessEncoding(spec, job.runner.encoder, processes=1)
+    try:
+        assert [c.process.pid for c in taken._children] == started
+        assert _spare_pids(spec) == []
+    finally:
+        taken.close()
+    assert _gone(started)
+
+
+def test_encoding_processes_no_feed_takes_are_closed(models, tmp_path, monkeypatch):
+    """A plan that fails closes them at once; a run that never feeds, after a while."""
+    data = spec_dict(models["chat"], tickets(tmp_path / "in", 300), tmp_path / "out")
+    data["run"] = {"encode_processes": 1}
+    spec = validate_spec(data)
+    monkeypatch.setattr(runner, "build_plan", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+    seen = []
+    monkeypatch.setattr(runner, "input_listing", lambda s: seen.extend(_spare_pids(s)) or "x")
+    with pytest.raises(OSError, match="disk"):
+        start_run(spec, progress=False)
+    assert len(seen) == 1 and _gone(seen) and _spare_pids(spec) == []
+    monkeypatch.setattr(encoding, "SPARE_FOR_S", 0.5)
+    encoding.start_spare(spec, load_encoder(spec), 300)
+    unclaimed = _spare_pids(spec)
+    assert len(unclaimed) == 1 and _gone(unclaimed) and _spare_pids(spec) == []

@@ -8,7 +8,8 @@ a child process instead: the child gets the batch's records as Arrow, renders an
 encodes them with its own copy of the job's encoder (the same tokenizer, the same
 template: the same ids), and sends back the ids as one flat array. Until a child has
 loaded its tokenizer (seconds) batches are encoded here, so starting one never delays
-the first request.
+the first request. A run starts its children before it plans (``start_spare``), so
+they have loaded by the time the first batch is fed; the feed takes them over.
 
 A child reads its batches from a pipe the run alone writes to: when the run ends, or is
 killed, the pipe closes and the child exits.
@@ -40,6 +41,7 @@ from nightshift.scheduling.render import renderer_for, rows
 
 ENCODE_PROCESSES_FROM = 20_000  # records in a job before its batches go to processes
 ANSWER_WITHIN_S = 120.0  # a batch takes well under a second; a child past this is stuck
+SPARE_FOR_S = 600.0  # children started ahead that no feed took by then are closed
 Encoded = Callable[[], list[list[int]]]  # a batch's ids, once they are there
 
 
@@ -78,13 +80,7 @@ class ProcessEncoding:
 
     def __init__(self, spec: JobSpec, encoder: PromptEncoder, processes: int) -> None:
         self.local = LocalEncoding(spec, encoder)
-        self._children: list[_Child] = []
-        try:
-            for _ in range(processes):
-                self._children.append(_Child(spec, self.local))
-        except BaseException:
-            self.close()
-            raise
+        self._children = _take_spare(spec) or _start_children(spec, self.local, processes)
         self._turn = itertools.cycle(self._children)
         self.sent = 0  # batches sent to a child (the others were encoded here)
 
@@ -96,10 +92,68 @@ class ProcessEncoding:
         return child.send(records)
 
     def close(self) -> None:
-        for child in self._children:  # all told at once, then each waited for
-            child.finish()
-        for child in self._children:
-            child.close()
+        _close_all(self._children)
+
+
+def _start_children(spec: JobSpec, local: LocalEncoding, processes: int) -> list[_Child]:
+    children: list[_Child] = []
+    try:
+        for _ in range(processes):
+            children.append(_Child(spec, local))
+    except BaseException:
+        _close_all(children)
+        raise
+    return children
+
+
+def _close_all(children: list[_Child]) -> None:
+    for child in children:  # all told at once, then each waited for
+        child.finish()
+    for child in children:
+        child.close()
+
+
+# Children started ahead of a run's feed (``start_spare``), by the spec they were
+# started for: the feed of that spec takes them (``ProcessEncoding``).
+_spares: dict[bytes, list[_Child]] = {}
+_spares_lock = threading.Lock()
+
+
+def start_spare(spec: JobSpec, encoder: PromptEncoder, records: int) -> None:
+    """Start the encoding processes a job of about ``records`` gets, before its plan is
+    built: a child takes seconds to load its tokenizer, and batches a feed sends before
+    then are encoded in the run, beside the engine. Unclaimed after ``SPARE_FOR_S``
+    (the run failed, or had nothing to feed), they are closed."""
+    processes = encode_processes(records, spec.run.encode_processes)
+    if not processes:
+        return
+    key = pickle.dumps(spec)
+    children = _start_children(spec, LocalEncoding(spec, encoder), processes)
+    with _spares_lock:
+        replaced = _spares.pop(key, None)
+        _spares[key] = children
+    _close_all(replaced or [])
+    timer = threading.Timer(SPARE_FOR_S, _drop_spare, (key, children))
+    timer.daemon = True
+    timer.start()
+
+
+def _take_spare(spec: JobSpec) -> list[_Child] | None:
+    with _spares_lock:
+        return _spares.pop(pickle.dumps(spec), None)
+
+
+def close_spare(spec: JobSpec) -> None:
+    """Close the children started ahead for ``spec`` (its feed encodes in the run)."""
+    _close_all(_take_spare(spec) or [])
+
+
+def _drop_spare(key: bytes, children: list[_Child]) -> None:
+    with _spares_lock:
+        if _spares.get(key) is not children:
+            return  # a feed took them
+        del _spares[key]
+    _close_all(children)
 
 
 _GONE = object()  # a child's answers: it ended

@@ -27,7 +27,7 @@ from nightshift.io.planstore import PlanStore
 from nightshift.jobs.columns import kept_rows
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
-from nightshift.running.encoding import LocalEncoding, ProcessEncoding
+from nightshift.running.encoding import LocalEncoding, ProcessEncoding, close_spare
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
@@ -109,11 +109,11 @@ class RequestFeed:
         tokenizer releases the GIL) from the first ``add``: a feed built before the
         engine is up has its first batches ready when it is."""
         if self._prefetch is None:
-            self._encoding = (
-                ProcessEncoding(self.spec, self.encoder, self.processes)
-                if self.processes
-                else LocalEncoding(self.spec, self.encoder)
-            )
+            if self.processes:
+                self._encoding = ProcessEncoding(self.spec, self.encoder, self.processes)
+            else:
+                close_spare(self.spec)  # started for the input's size; the plan's is small
+                self._encoding = LocalEncoding(self.spec, self.encoder)
             self._prefetch = Prefetch(self._batches(), depth=AHEAD_BATCHES)
         self._inbox.put((shard, skip or set()))
 

@@ -17,6 +17,7 @@ from nightshift.errors import OutputExistsError, ShardsFailedError
 from nightshift.io.outputs import JobOutput, new_run_location
 from nightshift.jobs.fingerprint import changed_keys, plan_stamp
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.encoding import close_spare, start_spare
 from nightshift.running.progress import LiveProgress
 from nightshift.running.shards import ShardRunner
 from nightshift.scheduling.increments import add_new_records, input_listing, input_may_have_grown
@@ -67,20 +68,45 @@ def start_run(
             f"output.path: {output.location} has no plan for a worker to take up; "
             "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
         )
-    if manifest is None:
-        listing = {"input_listing": input_listing(spec)}  # before reading (increments)
-        plan = build_plan(spec, encoder, progress)
-        output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
-        manifest = output.plans.manifest()
+    planned_now = manifest is None
+    if planned_now:
+        manifest = _plan(spec, output, encoder, stamp, progress)
     elif spec.run.incremental and not as_worker:
         manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
     committed = output.shards.committed()
     todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
+    if todo and not planned_now:  # a resume: its children load while the shards open
+        start_spare(spec, encoder, int(manifest.get("records", {}).get("runnable", 0)))
     runner = ShardRunner(
         spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
     )
     clock.expect(runner.records_left(todo))
     return JobRun(spec, output, manifest, runner, todo, clock, clock.now(), prepared)
+
+
+def _plan(
+    spec: JobSpec, output: JobOutput, encoder: Any, stamp: dict[str, Any], progress: bool
+) -> dict[str, Any]:
+    """Build and write the job's plan; the feed's encoding processes start first, so
+    that they have loaded their tokenizers by the time it ends."""
+    start_spare(spec, encoder, _input_rows(spec))
+    try:
+        listing = {"input_listing": input_listing(spec)}  # before reading (increments)
+        plan = build_plan(spec, encoder, progress)
+        output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
+    except BaseException:
+        close_spare(spec)
+        raise
+    return output.plans.manifest()
+
+
+def _input_rows(spec: JobSpec) -> int:
+    """The input's rows, from its Parquet footers (no record is read); 0 when it cannot
+    be opened (the plan reads it next and says why)."""
+    try:
+        return open_job_input(spec)[0].count_rows()
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
