@@ -226,8 +226,12 @@ def run_batch(inputs: Path, work: Path, args) -> dict:
     command = [str(NIGHTSHIFT), "batch", "run", str(lines), str(output), "--model",
                str(TOKENIZER), "--set", "run.engine=fake", "--set", "run.canary=false"]  # fmt: skip
     run = run_command(command, work / "batch.log")
-    report = json.loads((Path(f"{output}.nightshift") / "job" / "report.json").read_text())
+    report_path = Path(f"{output}.nightshift") / "job" / "report.json"
+    report = json.loads(report_path.read_text())
     t, records = report["time_s"], report["this_run"]["records_answered"]
+    outside = run["wall_s"] - t["total"] + t["prepare"]  # before the job's flow, and after
+    # the output files are written after the job's report: the time between the two
+    writing = output.stat().st_mtime - report_path.stat().st_mtime
     return {
         "records": records,
         "wall_s": run["wall_s"],
@@ -235,7 +239,10 @@ def run_batch(inputs: Path, work: Path, args) -> dict:
         "records_per_s_generating": round(records / t["generate"]),
         "generate_us_per_record": round(1e6 * t["generate"] / records, 1),
         "fixed_s": {
-            "startup": round(run["wall_s"] - t["total"] + t["prepare"], 2),
+            # start-up, reading the file into a job, then writing the output files
+            "outside_the_job": round(outside, 2),
+            "write_output_files": round(writing, 2),
+            "startup_and_read_file": round(outside - writing, 2),
             "plan": round(t["plan"], 2),
             "wrap_up": round(t["wrap_up"], 2),
         },

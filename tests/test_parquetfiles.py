@@ -27,6 +27,7 @@ def test_floats_get_no_dictionary_and_repeating_columns_do(tmp_path, monkeypatch
             "label": ["billing", "bug"] * 250,
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 16),
             "score": np.linspace(0, 1, 500),
+            "tags": [["vip", "eu"], ["eu"]] * 250,  # a kept list column: leaves repeat
         }
     )
     shards = ShardStore(LocalStore(tmp_path))
@@ -43,6 +44,7 @@ def test_floats_get_no_dictionary_and_repeating_columns_do(tmp_path, monkeypatch
 def _check(data: bytes, table: pa.Table, vectors: np.ndarray) -> None:
     columns = _columns(data)
     assert columns["label"].has_dictionary_page and columns["ticket_id"].has_dictionary_page
+    assert columns["tags.list.element"].has_dictionary_page
     floats = [c for path, c in columns.items() if path.startswith(("embedding", "score"))]
     assert len(floats) == 2 and not any(c.has_dictionary_page for c in floats)
     assert all(c.compression == "ZSTD" for c in columns.values())

@@ -207,14 +207,6 @@ def lone_surrogate(value: Any, raw: bytes) -> str | None:
     return None
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert(
     source: Path,
     parser: LineParser,

@@ -45,14 +45,13 @@ from nightshift.batch.records import (
     BadLine,
     BadRequest,
     convert,
-    file_digest,
     load_line,
 )
 from nightshift.batch.records import served_names as base_names  # a parameter's name here
 from nightshift.batch.results import Written
 from nightshift.batch.shapes import Context
 from nightshift.errors import ObjectNotFound, OutputExistsError, SpecError, UserError
-from nightshift.io.objectstore import ObjectStore, open_store
+from nightshift.io.objectstore import ObjectStore, file_sha256, open_store
 
 MARKER = "batch.json"
 BAD_LINES = "input/bad-lines.json"
@@ -215,7 +214,7 @@ def _found(
         marker = json.loads(work.get_bytes(MARKER))
     except ObjectNotFound:
         return None
-    _same_batch(marker, file_digest(source), fmt, served, input_url, work_url)
+    _same_batch(marker, file_sha256(source), fmt, served, input_url, work_url)
     if sorted(marker.get("adapters") or {}) != sorted(adapters):
         raise UserError(
             f"--adapter: this batch was read with adapters {sorted(marker.get('adapters') or {})}; "
@@ -267,7 +266,7 @@ def _convert(
     adapters: dict[str, str],
 ) -> dict[str, Any]:
     """Convert a new batch's input into the work folder; its batch.json, written last."""
-    digest = file_digest(source)
+    digest = file_sha256(source)
     parser = _parser(fmt)
     done = convert(source, parser, served, tmp / "records.parquet", frozenset(adapters))
     if done.sha256 != digest:

@@ -105,7 +105,7 @@ class EngineResult:
     scores: tuple[float, ...] | None = None  # Sampling.score_tokens' log probabilities
     # Sampling.pooling's vector: a read-only float32 numpy array (``as_vector``), never
     # Python floats (a 1,024-float vector as floats costs more than nightshift's whole path)
-    embedding: Any = None
+    embedding: Any = field(default=None, compare=False)  # an array: no == of its own
     # choice 0's thinking, apart from ``text`` (Choice's fields); tokens summed over choices
     reasoning: str | None = None
     reasoning_tokens: int = 0
@@ -200,6 +200,6 @@ def as_vector(values: Any) -> Any:
     numpy array, as ``EngineResult.embedding`` holds it."""
     import numpy as np
 
-    array = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    array = np.array(values, dtype=np.float32).reshape(-1)  # a copy: never an engine's buffer
     array.flags.writeable = False
     return array

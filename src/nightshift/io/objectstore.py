@@ -19,6 +19,7 @@ The S3 backend lives in ``nightshift.io.s3store``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import uuid
@@ -51,6 +52,15 @@ class ObjectStore(Protocol):
     def delete(self, keys: Iterable[str]) -> None: ...
     def download(self, key: str, path: Path) -> Path: ...
     def storage_options(self) -> dict[str, str] | None: ...
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read a block at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def open_store(location: str) -> ObjectStore:

@@ -8,6 +8,7 @@ too large and falls back to plain pages, having spent half the write on it (12.7
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pyarrow as pa
@@ -18,10 +19,7 @@ COMPRESSION = "zstd"
 
 def write_options(schema: pa.Schema) -> dict[str, Any]:
     """``pq.write_table``/``ParquetWriter`` keywords for a table of ``schema``."""
-    return {
-        "compression": COMPRESSION,
-        "use_dictionary": [f.name for f in schema if not _floats(f.type)],
-    }
+    return {"compression": COMPRESSION, "use_dictionary": list(_repeating_leaves(schema))}
 
 
 def parquet_bytes(table: pa.Table) -> pa.Buffer:
@@ -31,7 +29,12 @@ def parquet_bytes(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-def _floats(kind: pa.DataType) -> bool:
-    while isinstance(kind, pa.ListType | pa.FixedSizeListType | pa.LargeListType):
-        kind = kind.value_type
-    return pa.types.is_floating(kind)
+@functools.lru_cache(maxsize=64)
+def _repeating_leaves(schema: pa.Schema) -> tuple[str, ...]:
+    """Parquet's own paths of ``schema``'s leaf columns (``tags.list.element``: what
+    ``use_dictionary`` matches), but those holding floats."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    leaves = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    floats = {"FLOAT", "DOUBLE"}
+    return tuple(c.path for c in leaves if c.physical_type not in floats)

@@ -46,8 +46,8 @@ import pyarrow.parquet as pq
 
 from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
-from nightshift.io.objectstore import ObjectStore
-from nightshift.io.parquetfiles import parquet_bytes
+from nightshift.io.objectstore import ObjectStore, file_sha256
+from nightshift.io.parquetfiles import parquet_bytes, write_options
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
@@ -56,8 +56,8 @@ MARKER_FILE = re.compile(rf"^{COMMITTED}/shard-\d{{5}}\.json$")
 # An attempt's progress file in _work/shard-N/ (progress.json: one from before attempts
 # had their own, still read on resume).
 PROGRESS_FILE = re.compile(r"^progress(-[0-9a-f]+)?\.json$")
-# Parquet files up to this size are put from memory; larger ones go through a file
-# (S3 uploads those in parts)
+# Tables up to this size (in memory) are put from memory; larger ones go through a
+# file (S3 uploads those in parts)
 PUT_IN_ONE = 64 * 1024 * 1024
 
 
@@ -200,15 +200,15 @@ class ShardStore:
         return [key for key in keys if DATA_FILE.match(key)]
 
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
-        data = parquet_bytes(table).to_pybytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) <= PUT_IN_ONE:  # a chunk: straight from memory, no temp file
+        if table.nbytes <= PUT_IN_ONE:  # a chunk: from memory, no temp file
+            data = parquet_bytes(table).to_pybytes()
             self.store.put_bytes(key, data)
-        else:  # a large shard: the store's managed transfer (multipart on S3)
-            with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
-                path = Path(tmp) / "part.parquet"
-                path.write_bytes(data)
-                self.store.put_file(key, path)
+            return StoredFile(key, table.num_rows, hashlib.sha256(data).hexdigest(), kind)
+        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:  # a large shard
+            path = Path(tmp) / "part.parquet"
+            pq.write_table(table, path, **write_options(table.schema))
+            digest = file_sha256(path)
+            self.store.put_file(key, path)  # the store's managed transfer (parts on S3)
         return StoredFile(key, table.num_rows, digest, kind)
 
     def _get_table(self, key: str) -> pa.Table:

@@ -11,6 +11,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines.canary import check_canary
 from nightshift.reports.assemble import RunOutcome, finish_run
 from nightshift.running.canary import canary_pending
+from nightshift.running.encoding import close_spare
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.runner import raise_if_failed, start_run, work_may_be_left
 
@@ -40,6 +41,7 @@ def run_job(
         job.runner.run(job.todo, engines)
     finally:
         engines.close()
+        close_spare(spec)  # encoding processes no feed took (a canary failed, say)
     outcome = finish_run(job, engines)
     raise_if_failed(job)
     return outcome

@@ -49,6 +49,7 @@ from nightshift.pipelines.stops import (
 )
 from nightshift.reports.assemble import finish_run
 from nightshift.running.canary import canary_pending
+from nightshift.running.encoding import close_spare
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, raise_if_failed, start_run, work_may_be_left
@@ -177,6 +178,7 @@ def job_flow(
                 engines.close()  # free the GPU before its slot
         finally:
             engines.close()  # a failed plan: the engine that was starting is shut down
+            close_spare(spec)  # encoding processes no feed took (workers fed, or none ran)
         if stop.requested.is_set():
             return _stopped(job, engines, stop)
     report = report_task(job, engines)

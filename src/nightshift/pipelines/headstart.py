@@ -65,7 +65,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
 def _import_tokenizers() -> None:
     """What loading the job's tokenizer imports (``engines.tokenizer``), while the server
     boots rather than after it: a plan, or a resume's first record, waits on it."""
-    with contextlib.suppress(ImportError):
+    with contextlib.suppress(Exception):  # a broken install: the plan's own load says so
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
 
 

@@ -40,6 +40,7 @@ from nightshift.pipelines.direct import run_job
 from nightshift.pipelines.flow import running_job_name, shard_task_for
 from nightshift.pipelines.slots import gpu_slot
 from nightshift.pipelines.stops import cancelled_state, graceful_stop
+from nightshift.running.encoding import close_spare
 from nightshift.running.engines import EnginePool, check_engine_spec
 from nightshift.running.feeding import FeedingLoop
 from nightshift.running.runner import JobRun, start_run
@@ -86,6 +87,7 @@ def worker_flow(spec_path: str, worker: str, overrides: list[str] | None = None)
         finally:
             feeding.close()
             engines.close()
+            close_spare(spec)  # encoding processes no feed took
         job.progress.close(job.runner.totals)
         write_worker_figures(job, engines, worker_id)
         result = {"worker": worker_id, "shards": done}

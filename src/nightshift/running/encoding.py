@@ -132,7 +132,7 @@ def start_spare(spec: JobSpec, encoder: PromptEncoder, records: int) -> None:
     with _spares_lock:
         replaced = _spares.pop(key, None)
         _spares[key] = children
-    _close_all(replaced or [])
+    _kill_all(replaced or [])
     timer = threading.Timer(SPARE_FOR_S, _drop_spare, (key, children))
     timer.daemon = True
     timer.start()
@@ -144,8 +144,10 @@ def _take_spare(spec: JobSpec) -> list[_Child] | None:
 
 
 def close_spare(spec: JobSpec) -> None:
-    """Close the children started ahead for ``spec`` (its feed encodes in the run)."""
-    _close_all(_take_spare(spec) or [])
+    """End the children started ahead for ``spec`` that no feed took (its feed encodes
+    in the run, or there is none: the run failed, stopped, or left the feeding to
+    workers). They hold no batch: killed, not waited for while they load a tokenizer."""
+    _kill_all(_take_spare(spec) or [])
 
 
 def _drop_spare(key: bytes, children: list[_Child]) -> None:
@@ -153,6 +155,12 @@ def _drop_spare(key: bytes, children: list[_Child]) -> None:
         if _spares.get(key) is not children:
             return  # a feed took them
         del _spares[key]
+    _kill_all(children)
+
+
+def _kill_all(children: list[_Child]) -> None:
+    for child in children:
+        child.process.kill()
     _close_all(children)
 
 

@@ -77,10 +77,14 @@ def start_run(
     todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
     if todo and not planned_now:  # a resume: its children load while the shards open
         start_spare(spec, encoder, int(manifest.get("records", {}).get("runnable", 0)))
-    runner = ShardRunner(
-        spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
-    )
-    clock.expect(runner.records_left(todo))
+    try:
+        runner = ShardRunner(
+            spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
+        )
+        clock.expect(runner.records_left(todo))
+    except BaseException:
+        close_spare(spec)
+        raise
     return JobRun(spec, output, manifest, runner, todo, clock, clock.now(), prepared)
 
 
