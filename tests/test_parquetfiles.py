@@ -4,13 +4,16 @@ floats (an embedding's distinct values made Parquet build a dictionary and throw
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from nightshift.io import shardstore
 from nightshift.io.objectstore import LocalStore
+from nightshift.io.parquetfiles import as_parquet
 from nightshift.io.shardstore import ShardStore
 
 
@@ -19,7 +22,7 @@ def _columns(data: bytes) -> dict[str, pq.ColumnChunkMetaData]:
     return {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
 
 
-def test_floats_get_no_dictionary_and_repeating_columns_do(tmp_path, monkeypatch):
+def _table() -> tuple[pa.Table, np.ndarray]:
     vectors = np.random.default_rng(0).uniform(-1, 1, (500, 16)).astype(np.float32)
     table = pa.table(
         {
@@ -30,15 +33,43 @@ def test_floats_get_no_dictionary_and_repeating_columns_do(tmp_path, monkeypatch
             "tags": [["vip", "eu"], ["eu"]] * 250,  # a kept list column: leaves repeat
         }
     )
+    return table, vectors
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_floats_get_no_dictionary_and_repeating_columns_do(tmp_path, monkeypatch, large):
+    table, vectors = _table()
     shards = ShardStore(LocalStore(tmp_path))
-    (chunk,) = shards.write_chunk(0, "a1", 0, {"ok": table})  # from memory
-    _check((tmp_path / chunk.key).read_bytes(), table, vectors)
-    monkeypatch.setattr(shardstore, "PUT_IN_ONE", 1_000)  # a large shard: through a file
+    if large:  # a shard over the limit: written to a file, then put (parts on S3)
+        monkeypatch.setattr(shardstore, "PUT_IN_ONE", 1_000)
     assert shards.commit(0, "a1", {"ok": table}, {"records": 500})
     (done,) = shards.committed()[0]["files"]
     data = (tmp_path / done["key"]).read_bytes()
     _check(data, table, vectors)
-    assert done["sha256"] == chunk.sha256 == hashlib.sha256(data).hexdigest()
+    assert done["sha256"] == hashlib.sha256(data).hexdigest() and done["rows"] == 500
+
+
+def test_a_checkpoint_chunk_is_arrow_and_an_earlier_parquet_chunk_still_reads(tmp_path):
+    """Chunks only nightshift reads back are Arrow IPC (a tenth of Parquet's cost); a
+    resume of a run whose chunks were Parquet reads them alike, and a batch's partial
+    output (``batch.lineorder``) gets Parquet either way."""
+    table, _ = _table()
+    shards = ShardStore(LocalStore(tmp_path))
+    (chunk,) = shards.write_chunk(0, "a1", 0, {"ok": table})
+    path = tmp_path / chunk.key
+    assert path.suffix == ".arrow" and pa.ipc.open_file(str(path)).read_all().equals(table)
+    assert chunk.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    older = tmp_path / "_work/shard-00000/b2-00000.ok.parquet"
+    pq.write_table(table.slice(0, 10), older)
+    progress = {"shard": 0, "attempt": "b2", "updated": 0.0, "files": [
+        {"key": older.relative_to(tmp_path).as_posix(), "rows": 10, "sha256": "", "kind": "ok"}
+    ]}  # fmt: skip
+    (tmp_path / "_work/shard-00000/progress-b2.json").write_text(json.dumps(progress))
+    files = shards.checkpoint(0)
+    assert sorted(f.rows for f in files) == [10, 500]
+    assert sum(t.num_rows for t in shards.read(files, "ok")) == 510
+    assert pq.read_table(as_parquet(path)).equals(table)
+    assert as_parquet(older) == older
 
 
 def _check(data: bytes, table: pa.Table, vectors: np.ndarray) -> None:

@@ -21,7 +21,7 @@ import math
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from nightshift.batch.records import ID_COLUMN
 from nightshift.io.outputs import JobOutput, committed_files
+from nightshift.io.parquetfiles import as_parquet
 from nightshift.scheduling.dedup import ANSWERED_FROM
 
 OK, FAILED, REJECTED = 1, 2, 3  # a position's answer kind (0: none yet)
@@ -68,7 +69,8 @@ def answer_sources(job: str, tmp: Path) -> list[Source]:
     for n, (kind, key) in enumerate(keys):
         if kind == REJECTED and not output.store.exists(key):
             continue  # a plan that rejected nothing wrote no rejects file
-        sources.append(Source(kind, output.store.download(key, tmp / f"{n}.parquet")))
+        local = output.store.download(key, tmp / f"{n}{PurePosixPath(key).suffix}")
+        sources.append(Source(kind, as_parquet(local)))  # a checkpoint is Arrow IPC
     return sources
 
 

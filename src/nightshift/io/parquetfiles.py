@@ -1,20 +1,29 @@
-"""How nightshift writes its Parquet files: zstd, dictionary pages only where they pay.
+"""How nightshift writes its tables: Parquet for what users read, Arrow IPC for the
+checkpoints only nightshift reads back.
 
-A dictionary page pays for columns that repeat (ids, labels, finish reasons), never for
-floats: an embedding's values are all distinct, so Parquet builds a dictionary, finds it
-too large and falls back to plain pages, having spent half the write on it (12.7 µs a
-576-float vector against 5.7 without, and a larger file).
+Parquet files get zstd, and dictionary pages only where they pay: for columns that
+repeat (ids, labels, finish reasons), never for floats: an embedding's values are all
+distinct, so Parquet builds a dictionary, finds it too large and falls back to plain
+pages, having spent half the write on it (12.7 µs a 576-float vector against 5.7
+without, and a larger file).
+
+A checkpoint chunk is written once and read once, by the shard's commit (or a resume):
+as an Arrow IPC file with LZ4 it costs 1.1 µs a 576-float row to write and 0.3 to read,
+against 6.2 and 4.4 as Parquet.
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 COMPRESSION = "zstd"
+CHUNK_SUFFIX = ".arrow"
+CHUNK_COMPRESSION = "lz4"
 
 
 def write_options(schema: pa.Schema) -> dict[str, Any]:
@@ -27,6 +36,33 @@ def parquet_bytes(table: pa.Table) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **write_options(table.schema))
     return sink.getvalue()
+
+
+def chunk_bytes(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC file (LZ4), in memory: a checkpoint chunk."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=CHUNK_COMPRESSION)
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def read_table(data: bytes, name: str) -> pa.Table:
+    """A table ``chunk_bytes`` or Parquet wrote, by its file's ``name`` (a checkpoint
+    of an earlier nightshift is Parquet)."""
+    if name.endswith(CHUNK_SUFFIX):
+        return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    return pq.read_table(pa.BufferReader(data))
+
+
+def as_parquet(path: Path) -> Path:
+    """``path``, or a checkpoint chunk there rewritten as Parquet beside it (for readers
+    that read Parquet files: ``batch.lineorder``)."""
+    if not path.name.endswith(CHUNK_SUFFIX):
+        return path
+    target = path.with_suffix(".parquet")
+    pq.write_table(read_table(path.read_bytes(), path.name), target, compression="none")
+    return target
 
 
 @functools.lru_cache(maxsize=64)

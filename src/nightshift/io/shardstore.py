@@ -8,7 +8,9 @@ Layout under the output (local directory or S3 prefix)::
     failed/shard-00000-<attempt>.parquet   a committed shard's failed records
     _work/shard-00000/progress-<attempt>.json  checkpoints of a shard still running: the
                                          chunks that attempt wrote
-    _work/shard-00000/<attempt>-00003.ok.parquet / .failed.parquet   one chunk
+    _work/shard-00000/<attempt>-00003.ok.arrow / .failed.arrow   one chunk (Arrow IPC:
+                                         only nightshift reads it; an earlier run's
+                                         ``.parquet`` chunks are read the same)
 
 The protocol, for a crash at any instant:
 
@@ -47,7 +49,13 @@ import pyarrow.parquet as pq
 from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore, file_sha256
-from nightshift.io.parquetfiles import parquet_bytes, write_options
+from nightshift.io.parquetfiles import (
+    CHUNK_SUFFIX,
+    chunk_bytes,
+    parquet_bytes,
+    read_table,
+    write_options,
+)
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
@@ -113,7 +121,7 @@ class ShardStore:
         mine = self._progress(key)
         prefix = f"{WORK}/{shard_name(shard)}/{attempt}-{index:05d}"
         added = [
-            self._put_table(f"{prefix}.{kind}.parquet", table, kind)
+            self._put_chunk(f"{prefix}.{kind}{CHUNK_SUFFIX}", table, kind)
             for kind, table in tables.items()
             if table.num_rows
         ]
@@ -211,8 +219,13 @@ class ShardStore:
             self.store.put_file(key, path)  # the store's managed transfer (parts on S3)
         return StoredFile(key, table.num_rows, digest, kind)
 
+    def _put_chunk(self, key: str, table: pa.Table, kind: str) -> StoredFile:
+        data = chunk_bytes(table).to_pybytes()
+        self.store.put_bytes(key, data)
+        return StoredFile(key, table.num_rows, hashlib.sha256(data).hexdigest(), kind)
+
     def _get_table(self, key: str) -> pa.Table:
-        return pq.read_table(pa.BufferReader(self.store.get_bytes(key)))
+        return read_table(self.store.get_bytes(key), key)
 
 
 def one_row_per_record(ok: pa.Table, failed: pa.Table, id_column: str) -> tuple[pa.Table, pa.Table]:
