@@ -91,13 +91,16 @@ def test_a_night_added_to_an_interrupted_night_answers_every_record_with_its_own
 def written_rows(monkeypatch) -> list[dict]:
     """Spy on every table the shard store writes (chunks and commits)."""
     seen: list[dict] = []
-    put = ShardStore._put_table
 
-    def spy(self, key, table, kind):
-        seen.extend(table.to_pylist())
-        return put(self, key, table, kind)
+    def spying(put):
+        def spy(self, key, table, kind):
+            seen.extend(table.to_pylist())
+            return put(self, key, table, kind)
 
-    monkeypatch.setattr(ShardStore, "_put_table", spy)
+        return spy
+
+    for name in ("_put_chunk", "_put_table"):  # checkpoint chunks, and commits
+        monkeypatch.setattr(ShardStore, name, spying(getattr(ShardStore, name)))
     return seen
 
 
