@@ -250,6 +250,21 @@ def run_batch(inputs: Path, work: Path, args) -> dict:
     }
 
 
+def each_id_once(output: Path, inputs: Path) -> bool:
+    """Whether every ticket is in exactly one of the committed results, failures and
+    rejects (the files the markers and the plan name, never a listing)."""
+    import polars as pl
+
+    from nightshift.io.outputs import committed_files
+
+    files = [
+        f for kind in ("results", "failed", "rejects") for f in committed_files(str(output), kind)
+    ]
+    ids = pl.concat([pl.read_parquet(f, columns=["ticket_id"]) for f in files])["ticket_id"]
+    wanted = pl.read_parquet(f"{inputs}/*.parquet", columns=["ticket_id"])["ticket_id"]
+    return ids.len() == wanted.len() and ids.sort().equals(wanted.sort())
+
+
 def kill_and_rerun(command: list[str], result: dict, output: Path, work: Path, kind, args):
     """SIGKILL a fresh run at ``--kill-at`` of its generation (by the full run's start-up
     and plan times), then rerun it to the end; the rerun's time against the full run's."""
@@ -279,6 +294,7 @@ def kill_and_rerun(command: list[str], result: dict, output: Path, work: Path, k
         "rerun_wall_s": rerun["wall_s"],
         "rerun_share_of_full": round(rerun["wall_s"] / result["wall_s"], 3),
         "rerun_records_answered": report["this_run"]["records_answered"],
+        "each_input_id_once": each_id_once(output, args.cache / f"tickets-{args.records_now}"),
         "rerun_time_s": {k: round(v, 2) for k, v in report["time_s"].items()},
     }
 
@@ -295,6 +311,7 @@ def main() -> None:
     results = []
     for records in args.records:
         inputs = make_tickets(args.cache, records)
+        args.records_now = records
         with tempfile.TemporaryDirectory(prefix="run_path-", dir=args.cache) as tmp:
             for kind in args.jobs:
                 run = run_batch if kind == "batch" else partial(run_job, kind)

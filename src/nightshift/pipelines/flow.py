@@ -169,6 +169,7 @@ def job_flow(
                     with gpu_slot(spec):
                         check_canary(job, engines, run_job)  # its engines, then the workers'
                         engines.close()
+                    close_spare(spec)  # the workers encode for their own feeds
                     _run_workers(spec, job, engines, spec_path, overrides or [], workers)
                 elif job.todo and not stop.requested.is_set():
                     if not early:
