@@ -90,7 +90,7 @@ def _embedding(key: int, out: Any) -> EngineResult:
         finish_reason="stop",
         prompt_tokens=len(out.prompt_token_ids or []),
         cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-        # float32 numpy, never Python floats (engines.base.vector)
+        # float32 numpy, never Python floats (engines.base.as_vector)
         embedding=as_vector(data.float().reshape(-1).cpu().numpy()),
     )
 

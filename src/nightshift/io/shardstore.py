@@ -208,10 +208,8 @@ class ShardStore:
         return [key for key in keys if DATA_FILE.match(key)]
 
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
-        if table.nbytes <= PUT_IN_ONE:  # a chunk: from memory, no temp file
-            data = parquet_bytes(table).to_pybytes()
-            self.store.put_bytes(key, data)
-            return StoredFile(key, table.num_rows, hashlib.sha256(data).hexdigest(), kind)
+        if table.nbytes <= PUT_IN_ONE:  # from memory, no temp file
+            return self._put_bytes(key, parquet_bytes(table), table.num_rows, kind)
         with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:  # a large shard
             path = Path(tmp) / "part.parquet"
             pq.write_table(table, path, **write_options(table.schema))
@@ -220,9 +218,12 @@ class ShardStore:
         return StoredFile(key, table.num_rows, digest, kind)
 
     def _put_chunk(self, key: str, table: pa.Table, kind: str) -> StoredFile:
-        data = chunk_bytes(table).to_pybytes()
-        self.store.put_bytes(key, data)
-        return StoredFile(key, table.num_rows, hashlib.sha256(data).hexdigest(), kind)
+        return self._put_bytes(key, chunk_bytes(table), table.num_rows, kind)
+
+    def _put_bytes(self, key: str, data: pa.Buffer, rows: int, kind: str) -> StoredFile:
+        payload = data.to_pybytes()  # what every store's put takes (boto3's Body)
+        self.store.put_bytes(key, payload)
+        return StoredFile(key, rows, hashlib.sha256(payload).hexdigest(), kind)
 
     def _get_table(self, key: str) -> pa.Table:
         return read_table(self.store.get_bytes(key), key)

@@ -69,15 +69,15 @@ def start_run(
             "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
         )
     planned_now = manifest is None
-    if planned_now:
-        manifest = _plan(spec, output, encoder, stamp, progress)
-    elif spec.run.incremental and not as_worker:
-        manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
-    committed = output.shards.committed()
-    todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
-    if todo and not planned_now:  # a resume: its children load while the shards open
-        start_spare(spec, encoder, int(manifest.get("records", {}).get("runnable", 0)))
-    try:
+    try:  # the encoding processes started below end with a failure here
+        if planned_now:
+            manifest = _plan(spec, output, encoder, stamp, progress)
+        elif spec.run.incremental and not as_worker:
+            manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
+        committed = output.shards.committed()
+        todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]
+        if todo and not planned_now:  # a resume: its children load while the shards open
+            start_spare(spec, encoder, int(manifest.get("records", {}).get("runnable", 0)))
         runner = ShardRunner(
             spec, output.plans, output.shards, manifest, encoder, clock, retry_in_place
         )
@@ -94,13 +94,9 @@ def _plan(
     """Build and write the job's plan; the feed's encoding processes start first, so
     that they have loaded their tokenizers by the time it ends."""
     start_spare(spec, encoder, _input_rows(spec))
-    try:
-        listing = {"input_listing": input_listing(spec)}  # before reading (increments)
-        plan = build_plan(spec, encoder, progress)
-        output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
-    except BaseException:
-        close_spare(spec)
-        raise
+    listing = {"input_listing": input_listing(spec)}  # before reading (increments)
+    plan = build_plan(spec, encoder, progress)
+    output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
     return output.plans.manifest()
 
 
