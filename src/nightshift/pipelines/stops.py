@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nightshift.pipelines import tempserver
+
 log = logging.getLogger(__name__)
 STOPPED_EXIT = 3  # exit code of a run stopped gracefully: rerun the command to finish
 CANCEL_POLL_S = 2.0
@@ -257,11 +259,9 @@ def _outside_a_run(signum: int, frame: Any) -> None:
 def prefect_api_gone(ask: bool = True) -> bool:
     """Whether Prefect's API is gone: the temporary server this process started has
     exited, or (``ask``) the user's server does not answer its health check in 2 s."""
-    server_module = sys.modules.get("prefect.server.api.server")
-    server = getattr(server_module, "SubprocessASGIServer", None)
-    process = getattr((getattr(server, "_instances", None) or {}).get(None), "server_process", None)
-    if process is not None:
-        return process.poll() is not None
+    gone = tempserver.gone()
+    if gone is not None:
+        return gone
     url = os.environ.get("PREFECT_API_URL")
     if not ask or not url:
         return False

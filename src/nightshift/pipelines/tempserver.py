@@ -1,0 +1,171 @@
+"""Prefect's temporary server for a run without ``PREFECT_API_URL``, started by nightshift.
+
+Prefect starts the same server (``prefect.server.api.server.SubprocessASGIServer``: its
+API app under uvicorn, in a process of its own) the first time a client needs one, but
+only after importing its whole server package in this process: 1.8-2.4 s on the main
+thread before the server's own boot (3-4 s) even begins, on the start-up path of every
+run. Here the process starts straight away, with the command and environment Prefect
+gives it (``prefect<3.7.8`` is pinned); once it answers, ``PREFECT_API_URL`` points at it,
+so every Prefect client of this process (the flow's, its log and event workers') uses it
+and none starts another.
+
+The server neither dies before nightshift nor outlives it: it runs in a session of its
+own (a terminal's Ctrl-C goes to nightshift's process group, and the graceful stop still
+has the server to end the flow run with), and with ``PR_SET_PDEATHSIG`` from a thread as
+long-lived as this process (``engines.processes``), so it dies with nightshift however
+that ends, ``kill -9`` included. Should it not answer, it is stopped and Prefect starts
+its own, as it would have.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from nightshift.engines import processes
+
+_PORT_TAKEN = 3  # uvicorn's exit status when it cannot bind its port
+_STOP_GRACE_S = 1.0
+_server: TemporaryServer | None = None
+
+
+class TemporaryServer:
+    """One temporary server process; ``ready`` waits until it answers."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.process = _launch(self.port)
+        self.answered = False
+        atexit.register(self.stop)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def ready(self, timeout_s: float) -> bool:
+        """Wait for the server's health check; False if it did not answer in time."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() == _PORT_TAKEN:  # lost its port to another process
+                    self.port = _free_port()
+                    self.process = _launch(self.port)
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        self.answered = True
+                        return True
+                if self.process.poll() is not None:
+                    return False
+                time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        """End the server with ``_STOP_GRACE_S`` of grace. Prefect's own stop waits 5 s:
+        a SIGTERMed uvicorn waits for open connections, and this process's Prefect
+        clients hold theirs open to the end, so the wait ran out after every run."""
+        process = self.process
+        if process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def boot() -> threading.Thread | None:
+    """Start the temporary server and, in a thread, wait for it to answer; None when
+    this run reports to a server of the user's, or Prefect is to decide (see ``_ours``).
+    Call ``use`` after joining the thread."""
+    global _server
+    if not _ours():
+        return None
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    timeout_s = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    _server = server = TemporaryServer()
+    thread = threading.Thread(
+        target=server.ready, args=(timeout_s,), name="nightshift-prefect-boot", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def use() -> None:
+    """Point this process's Prefect clients at the booted server, once it answers;
+    otherwise stop it, and Prefect starts its own when a client first needs one."""
+    global _server
+    server = _server
+    if server is None or not server.answered:
+        if server is not None:
+            server.stop()
+        _server = None
+        return
+    from prefect.context import refresh_global_settings_context
+
+    os.environ["PREFECT_API_URL"] = server.api_url  # also for `batch serve`'s next job
+    refresh_global_settings_context()
+
+
+def gone() -> bool | None:
+    """Whether the temporary server this process started has exited; None if none was."""
+    if _server is not None:
+        return _server.process.poll() is not None
+    module = sys.modules.get("prefect.server.api.server")  # one Prefect started itself
+    server = getattr(module, "SubprocessASGIServer", None)
+    process = getattr((getattr(server, "_instances", None) or {}).get(None), "server_process", None)
+    return None if process is None else process.poll() is not None
+
+
+def _ours() -> bool:
+    """Whether nightshift starts the server: no ``PREFECT_API_URL``, Prefect allowed to
+    start one, and no settings context of the caller's (``temporary_settings``) that a
+    changed global setting would not reach."""
+    from prefect.context import SettingsContext
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return False
+    return _server is None and SettingsContext.__var__.get(None) is None
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(port: int) -> subprocess.Popen:
+    """The server process, as ``SubprocessASGIServer._run_uvicorn_command`` starts it."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+    }
+    command = [
+        *(sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)),
+        *("--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"),
+        *("--port", str(port), "--log-level", "error", "--lifespan", "on"),
+    ]
+    return processes.lasting_thread_call(
+        lambda: subprocess.Popen(
+            command,
+            env=env,
+            start_new_session=True,
+            preexec_fn=processes.die_with_this_process(),  # one prctl call: safe after fork
+        )
+    )
