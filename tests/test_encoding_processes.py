@@ -95,10 +95,10 @@ def through_children(monkeypatch) -> list:
     the ProcessEncoding of each batch."""
     submit, used = ProcessEncoding.submit, []
 
-    def once_ready(self, records):
+    def once_ready(self, records, table=None):
         wait_ready(self)
         used.append(self)
-        return submit(self, records)
+        return submit(self, records, table)
 
     monkeypatch.setattr(ProcessEncoding, "submit", once_ready)
     return used

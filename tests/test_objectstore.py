@@ -143,6 +143,20 @@ def test_put_file_is_all_or_nothing_to_a_reader(store, tmp_path):
     assert seen[-1] == len(data)
 
 
+def test_put_written_holds_what_was_written_or_nothing(store):
+    data = uuid.uuid4().bytes * (MULTIPART // 16 + 1)  # in parts, on S3
+    store.put_written("files/written.bin", lambda out: [out.write(data[:7]), out.write(data[7:])])
+    assert store.get_bytes("files/written.bin") == data
+
+    def fails(out) -> None:
+        out.write(data)
+        raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError):
+        store.put_written("files/failed.bin", fails)
+    assert store.list("files/") == ["files/written.bin"]
+
+
 def test_put_if_absent_creates_once(store):
     assert store.put_if_absent("marker", b"first")
     assert not store.put_if_absent("marker", b"second")

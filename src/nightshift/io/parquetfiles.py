@@ -5,7 +5,9 @@ Parquet files get zstd, and dictionary pages only where they pay: for columns th
 repeat (ids, labels, finish reasons), never for floats: an embedding's values are all
 distinct, so Parquet builds a dictionary, finds it too large and falls back to plain
 pages, having spent half the write on it (12.7 µs a 576-float vector against 5.7
-without, and a larger file).
+without, and a larger file). Floats are written byte-stream-split instead, which zstd
+compresses twice as well (normalised 576-float vectors: 16% smaller than plain, against
+8%) in the same time; polars, pyarrow and DuckDB read it.
 
 A checkpoint chunk is written once and read once, by the shard's commit (or a resume):
 as an Arrow IPC file with LZ4 it costs 1.1 µs a 576-float row to write and 0.3 to read,
@@ -28,7 +30,12 @@ CHUNK_COMPRESSION = "lz4"
 
 def write_options(schema: pa.Schema) -> dict[str, Any]:
     """``pq.write_table``/``ParquetWriter`` keywords for a table of ``schema``."""
-    return {"compression": COMPRESSION, "use_dictionary": list(_repeating_leaves(schema))}
+    repeating, floats = _leaves(schema)
+    return {
+        "compression": COMPRESSION,
+        "use_dictionary": list(repeating),
+        "use_byte_stream_split": list(floats) or False,
+    }
 
 
 def parquet_bytes(table: pa.Table) -> pa.Buffer:
@@ -66,11 +73,15 @@ def as_parquet(path: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=64)
-def _repeating_leaves(schema: pa.Schema) -> tuple[str, ...]:
+def _leaves(schema: pa.Schema) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Parquet's own paths of ``schema``'s leaf columns (``tags.list.element``: what
-    ``use_dictionary`` matches), but those holding floats."""
+    ``use_dictionary`` and ``use_byte_stream_split`` match): those that do not hold
+    floats, and those that do."""
     sink = pa.BufferOutputStream()
     pq.write_table(schema.empty_table(), sink)
     leaves = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
     floats = {"FLOAT", "DOUBLE"}
-    return tuple(c.path for c in leaves if c.physical_type not in floats)
+    return (
+        tuple(c.path for c in leaves if c.physical_type not in floats),
+        tuple(c.path for c in leaves if c.physical_type in floats),
+    )

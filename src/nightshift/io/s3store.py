@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import random
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import botocore.loaders
@@ -112,6 +114,14 @@ class S3Store:
         """Managed transfer: one PUT, or a multipart upload that appears when complete."""
         with self._errors("put", key), self._transfers() as transfers:
             transfers.upload(str(path), self.bucket, self._key(key)).result()
+
+    def put_written(self, key: str, write: Callable[[BinaryIO], object]) -> None:
+        """What ``write`` writes, through a temp file and the managed transfer."""
+        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:
+            path = Path(tmp) / "object"
+            with path.open("wb") as out:
+                write(out)
+            self.put_file(key, path)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         for attempt in range(CONFLICT_ATTEMPTS):

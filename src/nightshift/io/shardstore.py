@@ -36,11 +36,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +46,7 @@ import pyarrow.parquet as pq
 
 from nightshift.errors import ObjectNotFound
 from nightshift.faults import crash_point
-from nightshift.io.objectstore import ObjectStore, file_sha256
+from nightshift.io.objectstore import ObjectStore
 from nightshift.io.parquetfiles import (
     CHUNK_SUFFIX,
     chunk_bytes,
@@ -210,12 +208,13 @@ class ShardStore:
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
         if table.nbytes <= PUT_IN_ONE:  # from memory, no temp file
             return self._put_bytes(key, parquet_bytes(table), table.num_rows, kind)
-        with tempfile.TemporaryDirectory(prefix="nightshift-") as tmp:  # a large shard
-            path = Path(tmp) / "part.parquet"
-            pq.write_table(table, path, **write_options(table.schema))
-            digest = file_sha256(path)
-            self.store.put_file(key, path)  # the store's managed transfer (parts on S3)
-        return StoredFile(key, table.num_rows, digest, kind)
+        digest = hashlib.sha256()  # a large shard: written as a file (parts on S3)
+
+        def write(out: BinaryIO) -> None:
+            pq.write_table(table, _Digesting(out, digest), **write_options(table.schema))
+
+        self.store.put_written(key, write)
+        return StoredFile(key, table.num_rows, digest.hexdigest(), kind)
 
     def _put_chunk(self, key: str, table: pa.Table, kind: str) -> StoredFile:
         return self._put_bytes(key, chunk_bytes(table), table.num_rows, kind)
@@ -227,6 +226,26 @@ class ShardStore:
 
     def _get_table(self, key: str) -> pa.Table:
         return read_table(self.store.get_bytes(key), key)
+
+
+class _Digesting:
+    """A stream for Parquet's writer that hashes what it writes through to ``out``."""
+
+    closed = False
+
+    def __init__(self, out: BinaryIO, digest: Any) -> None:
+        self.out, self.digest, self.written = out, digest, 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.written += len(data)
+        return self.out.write(data)
+
+    def tell(self) -> int:
+        return self.written
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def one_row_per_record(ok: pa.Table, failed: pa.Table, id_column: str) -> tuple[pa.Table, pa.Table]:

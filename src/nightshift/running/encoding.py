@@ -65,7 +65,7 @@ class LocalEncoding:
     def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
         self.renderer, self.encoder = renderer_for(spec, encoder), encoder
 
-    def submit(self, records: pl.DataFrame) -> Encoded:
+    def submit(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
         ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
         return lambda: ids
 
@@ -84,12 +84,14 @@ class ProcessEncoding:
         self._turn = itertools.cycle(self._children)
         self.sent = 0  # batches sent to a child (the others were encoded here)
 
-    def submit(self, records: pl.DataFrame) -> Encoded:
+    def submit(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
+        """``records`` encoded; ``table``, when given, is the same rows as Arrow (what a
+        child is sent: converting polars' strings back to Arrow copies them)."""
         child = next(self._turn)
         if not child.ready():
             return self.local.submit(records)
         self.sent += 1
-        return child.send(records)
+        return child.send(records, table)
 
     def close(self) -> None:
         _close_all(self._children)
@@ -221,8 +223,8 @@ class _Child:
     def ready(self) -> bool:
         return self._state == "ready" and not self._abandoned
 
-    def send(self, records: pl.DataFrame) -> Encoded:
-        table = records.to_arrow()
+    def send(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
+        table = records.to_arrow() if table is None else table
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)

@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nightshift.engines.base import EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
@@ -31,6 +32,7 @@ from nightshift.running.encoding import LocalEncoding, ProcessEncoding, close_sp
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
 
 REQUEST_BATCH = 256  # records rendered and encoded together, ahead of the engine
+READ_ROWS = 8192  # plan rows read at once, cut into request batches
 # Batches encoded ahead. More only adds a thread competing with a CPU engine for cores
 # (measured: 32 ahead was slower than 4 on the 2-core machine); on a GPU it is idle CPU.
 AHEAD_BATCHES = 4
@@ -192,18 +194,27 @@ class RequestFeed:
             if item is None:
                 break
             shard, done = item
-            for batch in self.store.shard_batches(shard, REQUEST_BATCH):
-                records = pl.from_arrow(pa.Table.from_batches([batch]))
-                if done:  # a set lookup per record: ``done`` can hold a whole shard's ids
-                    left = [i not in done for i in records[self.id_column].to_list()]
-                    records = records.filter(pl.Series(left, dtype=pl.Boolean))
-                if records.height:
-                    sent.append((shard, records, self._encoding.submit(records)))
+            for records, table in self._shard_records(shard, done):
+                sent.append((shard, records, self._encoding.submit(records, table)))
                 while len(sent) > 2 * self.processes:
                     yield self._handed(sent.popleft())
             sent.append(ShardEnd(shard))
         while sent:
             yield self._handed(sent.popleft())
+
+    def _shard_records(self, shard: int, done: set) -> Iterator[tuple[pl.DataFrame, pa.Table]]:
+        """``shard``'s records not in ``done``, ``REQUEST_BATCH`` at a time, as polars and
+        as Arrow. The plan is read, filtered and converted ``READ_ROWS`` at a time: per
+        request batch, each of those cost more than the encoding (``run_path.py``)."""
+        left_out = pa.array(list(done)) if done else None
+        for batch in self.store.shard_batches(shard, READ_ROWS):
+            table = pa.Table.from_batches([batch])
+            if left_out is not None:
+                ids = table.column(self.id_column)
+                table = table.filter(pc.invert(pc.is_in(ids, left_out.cast(ids.type))))
+            frame = pl.from_arrow(table)
+            for at in range(0, table.num_rows, REQUEST_BATCH):
+                yield frame.slice(at, REQUEST_BATCH), table.slice(at, REQUEST_BATCH)
 
     def _handed(self, item) -> list[EngineRequest] | ShardEnd:
         if isinstance(item, ShardEnd):
