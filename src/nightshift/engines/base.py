@@ -195,11 +195,14 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def as_vector(values: Any) -> Any:
+def as_vector(values: Any, copy: bool = True) -> Any:
     """``values`` (a sequence or array of numbers) as an embedding: a read-only float32
-    numpy array, as ``EngineResult.embedding`` holds it."""
+    numpy array, as ``EngineResult.embedding`` holds it. A copy (never an engine's
+    buffer) unless ``copy`` is False: a read-only float32 array nobody writes to (the
+    fake engine's) is used as it is, as a copy of 500 floats or more releases the GIL,
+    and the feeding thread may then wait on other threads for it."""
     import numpy as np
 
-    array = np.array(values, dtype=np.float32).reshape(-1)  # a copy: never an engine's buffer
+    array = np.array(values, dtype=np.float32, copy=copy or None).reshape(-1)
     array.flags.writeable = False
     return array
