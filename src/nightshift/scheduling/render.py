@@ -91,11 +91,48 @@ class ConversationRenderer:
         self.encoder = encoder
 
     def problems(self, records: pl.DataFrame) -> pl.DataFrame:
-        checked = [self._check(c) for c in records[self.column].to_list()]
+        """Per record: ``reject_kind`` and ``reason``. Columnar checks pass the usual
+        conversation; only the rest are checked one by one, for the exact reason."""
+        column = records[self.column]
+        doubtful = (~self._plainly_fine(column)).arg_true()
+        checked = [self._check(turns) for turns in column.gather(doubtful).to_list()]
+        blank = pl.Series([None] * column.len(), dtype=pl.String)
         return pl.DataFrame(
-            {"reject_kind": [k for k, _ in checked], "reason": [r for _, r in checked]},
-            schema={"reject_kind": pl.String, "reason": pl.String},
+            {
+                "reject_kind": blank.scatter(doubtful, [k for k, _ in checked]),
+                "reason": blank.clone().scatter(doubtful, [r for _, r in checked]),
+            }
         )
+
+    def _plainly_fine(self, column: pl.Series) -> pl.Series:
+        """Conversations of plain turns (only text ``role`` and ``content`` fields) whose
+        every turn has a known role and text, in an order the chat template renders."""
+        dtype = column.dtype
+        inner = dtype.inner if isinstance(dtype, pl.List) else None
+        fields = {f.name: f.dtype for f in inner.fields} if isinstance(inner, pl.Struct) else {}
+        if fields != {"role": pl.String, "content": pl.String}:
+            return pl.Series([False] * column.len())  # every record checked one by one
+        turn = pl.element()
+        good_turn = (
+            turn.struct.field("role").is_in(sorted(ROLES))
+            & turn.struct.field("content").is_not_null()
+        )
+        frame = pl.DataFrame({"t": column}).select(
+            (pl.col("t").list.len() > 0)
+            .and_(pl.col("t").list.eval(good_turn.fill_null(False)).list.all())
+            .fill_null(False)
+            .alias("ok"),
+            _roles("t"),
+        )
+        refused = [k for k in frame.filter("ok")["_roles"].unique() if self._refuses(k)]
+        return frame["ok"] & ~frame["_roles"].is_in(refused)
+
+    def _refuses(self, roles: str) -> bool:
+        try:
+            self._frame(roles.split(ROLE_JOIN))
+        except ValueError:
+            return True
+        return False
 
     def _check(self, turns: list[dict[str, Any]] | None) -> tuple[str | None, str | None]:
         if turns is None:
@@ -120,27 +157,56 @@ class ConversationRenderer:
                     "put it in the content)"
                 )
         try:
-            self._frame(turns)
+            self._frame([t["role"] for t in turns])
         except ValueError as exc:
             return REFUSED, str(exc)
         return None, None
 
-    def _frame(self, turns: list[dict[str, Any]]) -> list[str]:
-        roles = [t["role"] for t in turns]
+    def _frame(self, roles: list[str]) -> list[str]:
+        """The chat template's text around each turn of a conversation of these roles."""
         system = self.system if "system" not in roles else None
         return self.encoder.conversation_frame(system, roles)
 
     def pieces(self, records: pl.DataFrame) -> list[pl.Series]:
-        rows = []
-        for turns in records[self.column].to_list():
-            frame = self._frame(turns)
-            row = [frame[0]]
-            for content, after in zip((t["content"] for t in turns), frame[1:], strict=True):
-                row += [content, after]
-            rows.append(row)
-        width = max((len(r) for r in rows), default=1)
-        padded = [[r[0], *[""] * (width - len(r)), *r[1:]] for r in rows]
-        return [pl.Series(column, dtype=pl.String) for column in zip(*padded, strict=True)]
+        """Column by column: each distinct sequence of roles has its frame rendered once;
+        conversations of each length are laid out together, then put back in order."""
+        column = records[self.column]
+        if column.is_empty():
+            return []
+        frame = pl.DataFrame({"t": column}).with_row_index("_i")
+        frame = frame.with_columns(pl.col("t").list.len().alias("_n"), _roles("t"))
+        frames = {k: self._frame(k.split(ROLE_JOIN)) for k in frame["_roles"].unique()}
+        width = 2 * int(frame["_n"].max()) + 1  # type: ignore[arg-type]
+        laid = [_laid_out(part, frames, width) for _, part in frame.group_by("_n")]
+        rows = pl.concat(laid).sort("_i")
+        return [rows[f"_{j}"] for j in range(width)]
+
+
+ROLE_JOIN = "\n"  # no role holds it (roles are checked before a frame is asked for)
+
+
+def _roles(column: str) -> pl.Expr:
+    """A conversation's roles as one text, the key of its chat frame."""
+    roles = pl.col(column).list.eval(pl.element().struct.field("role"))
+    return roles.list.join(ROLE_JOIN).alias("_roles")
+
+
+def _laid_out(part: pl.DataFrame, frames: dict[str, list[str]], width: int) -> pl.DataFrame:
+    """Conversations of one length as ``width`` pieces each: the first frame piece, empty
+    padding, then each turn's content and the frame text after it."""
+    turns = int(part["_n"][0])
+    keys = part["_roles"]
+
+    def frame_piece(k: int) -> pl.Series:
+        texts = {key: frames[key][k] for key in keys.unique()}
+        return keys.replace_strict(texts, return_dtype=pl.String)
+
+    contents = part["t"].list
+    row = [frame_piece(0), *[pl.repeat("", part.height, eager=True)] * (width - 2 * turns - 1)]
+    for k in range(1, turns + 1):
+        row += [contents.get(k - 1).struct.field("content").cast(pl.String), frame_piece(k)]
+    columns = {f"_{j}": piece.cast(pl.String) for j, piece in enumerate(row)}
+    return pl.DataFrame({"_i": part["_i"], **columns})
 
 
 def _extra_field(turn: dict[str, Any]) -> str | None:
