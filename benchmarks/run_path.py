@@ -2,7 +2,8 @@
 
 Tickets (the demo's, ``--records`` of them in 8 files) go through the commands users
 run, on ``run.engine: fake`` (``configs/classify.yaml``'s job: scored labels, the real
-SmolLM2 tokenizer; ``configs/embed.yaml``'s; a ``batch run`` of OpenAI chat lines).
+SmolLM2 tokenizer; ``configs/embed.yaml``'s; a ``batch run`` of OpenAI chat lines, and
+one of ``/v1/embeddings`` lines).
 Each run is a subprocess; its report gives the split of its time (start-up, plan,
 generation, wrap-up) and its process tree, sampled, its peak memory. Then the same
 requests, read from the run's own plan and sampling, go through a fresh fake engine
@@ -11,7 +12,7 @@ time, over the records. ``--kill-at 0.5`` also kills a run (SIGKILL, its whole p
 group) at half its generation and times the rerun against the full run.
 
     nice -n 10 .venv/bin/python benchmarks/run_path.py --records 100000 [--records 1000000]
-        [--jobs classify embed batch] [--kill-at 0.5] [--profile]
+        [--jobs classify embed batch batch-embed] [--kill-at 0.5] [--profile]
 
 Writes benchmarks/results/run_path.json (``--out`` for another file).
 """
@@ -63,21 +64,22 @@ def job_spec(kind: str, inputs: Path, output: Path) -> dict:
     return spec
 
 
-def batch_file(inputs: Path, path: Path) -> Path:
-    """The tickets as OpenAI chat lines (one request a line), for ``batch run``."""
+def batch_file(inputs: Path, path: Path, endpoint: str = "/v1/chat/completions") -> Path:
+    """The tickets as OpenAI batch lines (one request a line): chat requests asking for a
+    label, or (``/v1/embeddings``) the ticket to embed."""
     import pyarrow.dataset as ds
 
     table = ds.dataset(str(inputs), format="parquet").to_table(columns=["ticket_id", "body"])
     with path.open("w") as out:
         for batch in table.to_batches(65_536):
             for tid, body in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-                body_json = {
-                    "model": TOKENIZER.name,
-                    "max_tokens": 8,
-                    "messages": [{"role": "user", "content": f"Label: {body}"}],
-                }
-                line = {"custom_id": tid, "method": "POST", "url": "/v1/chat/completions"}
-                out.write(json.dumps({**line, "body": body_json}) + "\n")
+                body_json: dict = {"model": TOKENIZER.name, "input": body}
+                if endpoint != "/v1/embeddings":
+                    content = f"Label: {body}"
+                    body_json = {"model": TOKENIZER.name, "max_tokens": 8,
+                                 "messages": [{"role": "user", "content": content}]}  # fmt: skip
+                line = {"custom_id": tid, "method": "POST", "url": endpoint, "body": body_json}
+                out.write(json.dumps(line) + "\n")
     return path
 
 
@@ -217,37 +219,34 @@ def run_job(kind: str, inputs: Path, work: Path, args) -> dict:
     return result
 
 
-def run_batch(inputs: Path, work: Path, args) -> dict:
-    """``nightshift batch run`` on the tickets as OpenAI chat lines, on the fake engine.
-    Its own cost is given as generation time a record (the fast fake engine's few µs
-    not taken off: an upper bound)."""
-    lines = batch_file(inputs, work / "requests.jsonl")
-    output = work / "results.jsonl"
+BATCHES = {"batch": "/v1/chat/completions", "batch-embed": "/v1/embeddings"}
+
+
+def run_batch(kind: str, inputs: Path, work: Path, args) -> dict:
+    """``nightshift batch run`` on the tickets as OpenAI lines of ``kind``'s endpoint, on
+    the fake engine; its own cost as for a job (generation time less the engine's)."""
+    lines = batch_file(inputs, work / f"{kind}.jsonl", BATCHES[kind])
+    output = work / f"{kind}-results.jsonl"
     command = [str(NIGHTSHIFT), "batch", "run", str(lines), str(output), "--model",
                str(TOKENIZER), "--set", "run.engine=fake", "--set", "run.canary=false"]  # fmt: skip
-    run = run_command(command, work / "batch.log")
-    report_path = Path(f"{output}.nightshift") / "job" / "report.json"
+    run = run_command(command, work / f"{kind}.log")
+    folder = Path(f"{output}.nightshift")
+    report_path = folder / "job" / "report.json"
     report = json.loads(report_path.read_text())
-    t, records = report["time_s"], report["this_run"]["records_answered"]
+    result = figures(report, engine_alone(folder / "job.yaml", folder / "job"), run)
+    t = report["time_s"]
     outside = run["wall_s"] - t["total"] + t["prepare"]  # before the job's flow, and after
     # the output files are written after the job's report: the time between the two
     writing = output.stat().st_mtime - report_path.stat().st_mtime
-    return {
-        "records": records,
-        "wall_s": run["wall_s"],
-        "records_per_s_end_to_end": round(records / run["wall_s"]),
-        "records_per_s_generating": round(records / t["generate"]),
-        "generate_us_per_record": round(1e6 * t["generate"] / records, 1),
-        "fixed_s": {
-            # start-up, reading the file into a job, then writing the output files
-            "outside_the_job": round(outside, 2),
-            "write_output_files": round(writing, 2),
-            "startup_and_read_file": round(outside - writing, 2),
-            "plan": round(t["plan"], 2),
-            "wrap_up": round(t["wrap_up"], 2),
-        },
-        "peak_gib": run["peak_all_processes_gib"],
+    result["fixed_s"] = {
+        # start-up, reading the file into a job, then writing the output files
+        "outside_the_job": round(outside, 2),
+        "write_output_files": round(writing, 2),
+        "startup_and_read_file": round(outside - writing, 2),
+        "plan": round(t["plan"], 2),
+        "wrap_up": round(t["wrap_up"], 2),
     }
+    return {**result, "peak_gib": run["peak_all_processes_gib"]}
 
 
 def each_id_once(output: Path, inputs: Path) -> bool:
@@ -314,7 +313,7 @@ def main() -> None:
         args.records_now = records
         with tempfile.TemporaryDirectory(prefix="run_path-", dir=args.cache) as tmp:
             for kind in args.jobs:
-                run = run_batch if kind == "batch" else partial(run_job, kind)
+                run = partial(run_batch if kind in BATCHES else run_job, kind)
                 result = {"job": kind, **run(inputs, Path(tmp), args)}
                 print(json.dumps(result), flush=True)
                 results.append(result)

@@ -154,7 +154,30 @@ def test_the_errors_file_is_written_before_output(tmp_path, monkeypatch):
     """OUTPUT is the sign a batch is done: once it exists, ERRORS is whole too."""
     import nightshift.batch.output as output
 
-    order = []
-    monkeypatch.setattr(output, "put", lambda path, url: order.append(Path(url).name))
-    write_outputs(CTX, "openai", iter([]), str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
-    assert order == ["e.jsonl", "o.jsonl"]
+    seen, put = [], output.put
+
+    def watched(path, url):
+        seen.append((Path(url).name, (tmp_path / "o.jsonl").exists()))
+        put(path, url)
+
+    monkeypatch.setattr(output, "put", watched)
+    lines = iter([(1, "a", "tiny", Answer(True, ok_row())), (2, None, None, Answer(False))])
+    write_outputs(CTX, "openai", lines, str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
+    assert seen == [("e.jsonl", False)]  # ERRORS put while OUTPUT was not there yet
+    assert [
+        len(f.read_text().splitlines()) for f in (tmp_path / "o.jsonl", tmp_path / "e.jsonl")
+    ] == [1, 1]
+
+
+def test_a_failure_writing_errors_leaves_no_output(tmp_path, monkeypatch):
+    import nightshift.batch.output as output
+    from nightshift.errors import StoreError
+
+    def broken(path, url):
+        raise StoreError(f"cannot write {url}: disk full")
+
+    monkeypatch.setattr(output, "put", broken)
+    lines = iter([(1, "a", "tiny", Answer(True, ok_row())), (2, None, None, Answer(False))])
+    with pytest.raises(StoreError, match="e.jsonl: disk full"):
+        write_outputs(CTX, "openai", lines, str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
+    assert list(tmp_path.iterdir()) == []  # no OUTPUT, and no temp file beside it

@@ -134,3 +134,38 @@ def test_a_line_refused_for_its_model_does_not_set_the_files_vector_size(models,
     errors = {x["custom_id"]: x for x in lines_of(tmp_path / "out.errors.jsonl")}
     assert errors["other"]["response"]["body"]["error"]["code"] == "model_not_found"
     assert errors["sized"]["response"]["body"]["error"]["param"] == "dimensions"
+
+
+def test_each_float_is_written_short_and_reads_back_as_the_engines_float32(models, tmp_path):
+    import re
+
+    import polars as pl
+
+    from nightshift.io.outputs import committed_files
+
+    items = [line(f"e{i}", {"input": f"text number {i}"}) for i in range(40)]
+    items.append(line("b", {"input": "text number 3", "encoding_format": "base64"}))
+    source, out = write(tmp_path / "in.jsonl", items), tmp_path / "out.jsonl"
+    done = run_batch(
+        str(source), str(out), model=str(models["chat"]), overrides=["run.engine=fake"]
+    )
+    assert done.completed == 41
+    job = f"{out}.nightshift/job"
+    results = pl.concat([pl.read_parquet(f) for f in committed_files(job, "results")])
+    engine = {
+        r["custom_id"]: np.asarray(r["embedding"], dtype=np.float32)
+        for r in results.iter_rows(named=True)
+    }
+    raw = {json.loads(x)["custom_id"]: x for x in out.read_text().splitlines()}
+    for i in range(40):
+        [data] = json.loads(raw[f"e{i}"])["response"]["body"]["data"]
+        assert np.array_equal(np.asarray(data["embedding"], dtype=np.float32), engine[f"e{i}"])
+        numbers = re.findall(r"-?\d[\d.]*(?:e[-+]?\d+)?", raw[f"e{i}"].split('"embedding": ')[1])
+        # float32's shortest form has at most 9 significant digits (a widened double: 17)
+        assert (
+            max(len(n.split("e")[0].replace("-", "").replace(".", "").lstrip("0")) for n in numbers)
+            <= 9
+        )
+    [data] = json.loads(raw["b"])["response"]["body"]["data"]
+    assert base64.b64decode(data["embedding"]) == engine["b"].astype("<f4").tobytes()
+    assert np.array_equal(engine["b"], engine["e3"])

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nightshift.batch.records import ID_COLUMN
+from nightshift.batch.vectors import read_vectors
 from nightshift.io.outputs import JobOutput, committed_files
 from nightshift.io.parquetfiles import as_parquet
 from nightshift.scheduling.dedup import ANSWERED_FROM
@@ -41,6 +42,7 @@ SLICE = 256  # rows turned into Python objects at a time
 _READ_BATCH = 2048
 _READ_BUFFER = 1 << 20
 _POS = "_position"
+EMBEDDING = "embedding"  # an embed job's vector column
 _TOKENS = ("prompt_tokens", "output_tokens")
 
 
@@ -204,10 +206,22 @@ class _Buckets:
             table = pa.ipc.open_file(source).read_all()
         table = table.take(pc.sort_indices(table.column(_POS)))
         for offset in range(0, table.num_rows, SLICE):
-            for row in table.slice(offset, SLICE).to_pylist():
+            for row in _rows(table.slice(offset, SLICE)):
                 yield row.pop(_POS), kind, row
         del table
         path.unlink()
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows as dicts, an embedding as its output's ``Vector`` (made for the slice at
+    once, never a list of Python floats)."""
+    if EMBEDDING not in table.column_names:
+        return table.to_pylist()
+    vectors = read_vectors(table.column(EMBEDDING))
+    rows = table.drop_columns([EMBEDDING]).to_pylist()
+    for row, vector in zip(rows, vectors, strict=True):
+        row[EMBEDDING] = vector
+    return rows
 
 
 def _columns(kind: int, schema: pa.Schema) -> list[str] | None:

@@ -8,12 +8,13 @@ S3), so a reader sees the old file or the new one, never half; ERRORS before OUT
 from __future__ import annotations
 
 import heapq
+import io
 import itertools
 import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 from nightshift.batch.lineorder import FAILED, OK, in_order
 from nightshift.batch.reasoning import thinking_tokens
@@ -27,7 +28,7 @@ from nightshift.batch.results import (
     choices,
     dumps,
 )
-from nightshift.batch.shapes import Context, anthropic_line, openai_line
+from nightshift.batch.shapes import Context, anthropic_line, openai_text
 from nightshift.io.objectstore import open_store
 
 
@@ -108,29 +109,37 @@ def write_outputs(
     output_url: str,
     errors_url: str | None,
 ) -> Written:
-    """Write OUTPUT (and, for OpenAI, ERRORS); the counts and usage they hold."""
+    """Write OUTPUT (and, for OpenAI, ERRORS); the counts and usage they hold. OUTPUT is
+    written straight into its store (``put_written``: no copy of a file of GBs)."""
     done = Written()
     with tempfile.TemporaryDirectory(prefix="nightshift-batch-out-") as tmp:
-        out_path, err_path = Path(tmp, "output.jsonl"), Path(tmp, "errors.jsonl")
-        with (
-            open(out_path, "w", encoding="utf-8") as out,
-            open(err_path, "w", encoding="utf-8") as err,
-        ):
-            for line, custom_id, model, answer in items:
-                _count(done, answer)
-                if not answer.ok and not answer.message.startswith("line "):
-                    answer.message = f"line {line}: {answer.message}"
-                if fmt == "anthropic":
-                    out.write(dumps(anthropic_line(ctx, custom_id, line, model, answer)))
-                else:
-                    target = out if answer.ok else err
-                    target.write(dumps(openai_line(ctx, custom_id, line, model, answer)))
-        # ERRORS first: OUTPUT is the sign the batch is done, so once it exists ERRORS is
-        # whole too (a kill between the two leaves no OUTPUT; the rerun writes both).
-        if errors_url is not None and fmt != "anthropic":
-            put(err_path, errors_url)
-        put(out_path, output_url)
+        err_path = Path(tmp, "errors.jsonl")
+
+        def write(stream: BinaryIO) -> None:
+            out = io.TextIOWrapper(stream, encoding="utf-8", newline="")
+            with open(err_path, "w", encoding="utf-8", newline="") as err:
+                _write_lines(ctx, fmt, items, out, err, done)
+            out.detach()  # flushed; the stream is the store's to close
+            # ERRORS first: OUTPUT is the sign the batch is done, so once it exists ERRORS
+            # is whole too (a kill between the two leaves no OUTPUT; the rerun writes both).
+            if errors_url is not None and fmt != "anthropic":
+                put(err_path, errors_url)
+
+        parent, _, name = output_url.rstrip("/").rpartition("/")
+        open_store(parent or ".").put_written(name, write)
     return done
+
+
+def _write_lines(ctx: Context, fmt: str, items, out: TextIO, err: TextIO, done: Written) -> None:
+    for line, custom_id, model, answer in items:
+        _count(done, answer)
+        if not answer.ok and not answer.message.startswith("line "):
+            answer.message = f"line {line}: {answer.message}"
+        if fmt == "anthropic":
+            out.write(dumps(anthropic_line(ctx, custom_id, line, model, answer)))
+        else:
+            target = out if answer.ok else err
+            target.write(openai_text(ctx, custom_id, line, model, answer))
 
 
 def _count(done: Written, answer: Answer) -> None:

@@ -8,8 +8,6 @@ SDKs' own types.
 
 from __future__ import annotations
 
-import base64
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +18,8 @@ from nightshift.batch.reasoning import (
     thinking_blocks,
     thinking_tokens,
 )
-from nightshift.batch.results import Answer, choices, request_ids
+from nightshift.batch.results import Answer, choices, dumps, request_ids
+from nightshift.batch.vectors import Vector, as_base64, placeholder, spliced
 
 # What OpenAI writes for a text model: nothing spent on reasoning, audio or predictions.
 COMPLETION_DETAILS = {
@@ -38,6 +37,17 @@ class Context:
     batch_key: str
     created: int
     endpoint: str  # CHAT, COMPLETIONS or "anthropic"
+
+
+def openai_text(
+    ctx: Context, custom_id: str | None, line: int, model: str | None, answer: Answer
+) -> str:
+    """``openai_line`` as the line written, embeddings in their text (``batch.vectors``)."""
+    text = dumps(openai_line(ctx, custom_id, line, model, answer))
+    if ctx.endpoint != EMBEDDINGS or not answer.ok:
+        return text
+    vectors = answer.row.get("embeddings") or [answer.row["embedding"]]
+    return spliced(text, [v for v in vectors if isinstance(v, Vector)])
 
 
 def openai_line(
@@ -98,7 +108,9 @@ def _embedding_body(
     encodes them, base64 of little-endian float32."""
     vectors = row.get("embeddings") or [row["embedding"]]  # a line of several inputs
     if echo.get("encoding_format") == "base64":
-        vectors = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+        vectors = [as_base64(v) for v in vectors]
+    else:  # a Vector's text goes in after the line is dumped (openai_text)
+        vectors = [placeholder(i) if isinstance(v, Vector) else v for i, v in enumerate(vectors)]
     prompt = row["prompt_tokens"]
     return {
         "object": "list",
