@@ -63,3 +63,20 @@ def test_fast_embeddings_are_fixed_per_prompt_and_normalized():
     assert [v.tolist() for v in vectors] == [v.tolist() for v in again]
     assert len({v.tobytes() for v in vectors}) == len(PROMPTS)
     assert all(len(v) == 32 and math.isclose(float(v @ v), 1.0, rel_tol=1e-6) for v in vectors)
+
+
+def test_a_jobs_fake_engine_keeps_a_gpus_worth_of_blocks_not_every_one(monkeypatch):
+    """Like a GPU's KV cache, the prefix cache a job's fake engine simulates is bounded,
+    so its memory stays flat however many records a job sends; recent blocks still hit."""
+    from nightshift.engines.fake import GPU_CACHE_BLOCKS
+
+    assert FakeEngine.from_environment()._cache_blocks == GPU_CACHE_BLOCKS
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_CACHE_BLOCKS", "5")
+    engine = FakeEngine.from_environment()
+    distinct = [[7000 + i] * 16 + [8000 + i] * 16 + [1] for i in range(40)]
+    requests = [EngineRequest(k, ids) for k, ids in enumerate(distinct)]
+    assert all(r.cached_tokens == 0 for r in engine.run(requests, Sampling(1, 0.0)))
+    assert len(engine._blocks) == 5
+    [last] = engine.run([EngineRequest(0, distinct[-1])], Sampling(1, 0.0))
+    [first] = engine.run([EngineRequest(0, distinct[0])], Sampling(1, 0.0))
+    assert (last.cached_tokens, first.cached_tokens) == (32, 0)  # the first was evicted

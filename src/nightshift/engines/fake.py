@@ -41,6 +41,11 @@ from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tes
 )
 from nightshift.errors import EngineFatalError, EngineStalledError
 
+# What a GPU's KV cache holds, in blocks of 16 tokens: an H100 at FP8 KV with a model of
+# about 1B parameters keeps some 250,000. A job's fake engine keeps as many, so its
+# memory stays flat however many records a job has (NIGHTSHIFT_FAKE_CACHE_BLOCKS).
+GPU_CACHE_BLOCKS = 1 << 18
+
 
 def fp8_changes() -> float:
     """The share of answers a fake engine's FP8 KV cache changes (NIGHTSHIFT_FAKE_FP8_CHANGES;
@@ -108,6 +113,7 @@ class FakeEngine:
             fp8_changes=fp8_changes(),
             embedding_size=embedding_size,
             fast=env.get("NIGHTSHIFT_FAKE_FAST", "") not in ("", "0"),
+            cache_blocks=int(env.get("NIGHTSHIFT_FAKE_CACHE_BLOCKS", GPU_CACHE_BLOCKS)),
         )
 
     def __init__(
