@@ -33,9 +33,17 @@ def read_vectors(column: pa.Array | pa.ChunkedArray) -> list[Vector | None]:
     texts = pl.Series(values=column).cast(pl.List(pl.String)).list.join(", ").to_list()
     values = column.to_numpy(zero_copy_only=False)
     return [
-        None if text is None else Vector(f"[{text}]", vector)
+        None if text is None else Vector(_json_text(text, vector), vector)
         for text, vector in zip(texts, values, strict=True)
     ]
+
+
+def _json_text(text: str, vector: np.ndarray) -> str:
+    """A vector's array text; one holding NaN or an infinity as ``json.dumps`` writes
+    them (NaN, Infinity: what Python's and the SDK's readers take), not polars' "inf"."""
+    if "n" in text or "N" in text:  # only "NaN" and "inf" hold an n: rare, checked here
+        return json.dumps(np.asarray(vector, dtype=np.float64).tolist())
+    return f"[{text}]"
 
 
 def as_base64(vector: Vector | list[float]) -> str:
