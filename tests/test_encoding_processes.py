@@ -137,6 +137,18 @@ def test_a_child_that_dies_or_sticks_costs_no_batch(planned, how, monkeypatch):
         remote.close()
 
 
+def test_a_child_still_starting_at_the_end_is_killed_not_waited_for(planned):
+    """A short run (a rerun's last records) can end before its children have loaded
+    their tokenizers: they were sent nothing, so the run ends without waiting for them."""
+    spec, job = planned
+    remote = ProcessEncoding(spec, load_encoder(spec), processes=1)
+    [child] = remote._children
+    assert not child.ready()  # just started: still importing
+    remote.close()
+    assert child.process.returncode == -signal.SIGKILL  # not its own exit once loaded
+    assert remote.sent == 0
+
+
 def test_a_killed_run_leaves_no_encoding_process(planned, tmp_path):
     """Also when a process forked from the run (as vLLM forks its engine core) still
     holds the run's end of the pipe: the child watches its parent too."""

@@ -258,6 +258,8 @@ class _Child:
         self._outbox.put(None)
 
     def close(self) -> None:
+        if self._state == "starting":  # still loading: it was sent nothing, so nothing
+            self.process.kill()  # is lost, and a short rerun's end never waits its import
         self.finish()
         self._writer.join(timeout=5)
         if self._writer.is_alive():  # stuck writing to a child that stopped reading
