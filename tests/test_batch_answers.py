@@ -181,3 +181,15 @@ def test_a_failure_writing_errors_leaves_no_output(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match="e.jsonl: disk full"):
         write_outputs(CTX, "openai", lines, str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl"))
     assert list(tmp_path.iterdir()) == []  # no OUTPUT, and no temp file beside it
+
+
+def test_a_failure_reading_the_answers_is_not_called_a_failure_writing_output(tmp_path):
+    def answers():
+        yield (1, "a", "tiny", Answer(True, ok_row()))
+        raise FileNotFoundError(2, "No such file or directory", "bucket-1-00000.arrow")
+
+    with pytest.raises(FileNotFoundError, match="bucket-1"):
+        write_outputs(
+            CTX, "openai", answers(), str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl")
+        )
+    assert list(tmp_path.iterdir()) == []

@@ -45,3 +45,25 @@ def test_each_placeholder_takes_its_own_vector_once():
     text = spliced(dumps(line), [a, b])
     assert json.loads(text)["data"] == [{"embedding": [0.25, 0.5]}, {"embedding": [1.0]}]
     assert text.endswith("\n") and "\\u0000" not in text
+
+
+def test_placeholders_count_every_vector_of_a_line_null_or_not():
+    """A line's vectors keep their places whatever they are; 2,048 go in one pass."""
+    import numpy as np
+
+    many = read_vectors(
+        pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2048 * 2, dtype="f4")), 2)
+    )
+    line = {"data": [{"embedding": placeholder(i)} for i in range(2048)]}
+    data = json.loads(spliced(dumps(line), many))["data"]
+    assert [d["embedding"] for d in data] == [[2.0 * i, 2.0 * i + 1] for i in range(2048)]
+    a, b = many[:2]
+    line = {
+        "data": [{"embedding": placeholder(0)}, {"embedding": None}, {"embedding": placeholder(2)}]
+    }
+    assert json.loads(spliced(dumps(line), [a, None, b]))["data"][2] == {"embedding": [2.0, 3.0]}
+
+
+def test_a_null_inside_a_vector_stays_a_null_in_its_place():
+    [vector] = read_vectors(pa.array([[0.25, None, 0.5]], pa.list_(pa.float32())))
+    assert json.loads(vector.text) == [0.25, None, 0.5]

@@ -129,3 +129,16 @@ def test_turns_with_other_fields_are_checked_one_by_one():
     frame = pl.from_arrow(pa.table({"m": pa.array(rows, pa.list_(named))}))
     problems = renderer().problems(frame)  # type: ignore[arg-type]
     assert problems["reject_kind"].to_list() == [None, "unsupported_field", None]
+
+
+def test_other_arrow_shapes_of_a_conversation_column_render_alike():
+    """A dictionary-encoded role, a fixed-size list of turns, and no rows at all."""
+    rows = [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]] * 3
+    expected = renderer().pieces(conversations(rows))
+    coded = pa.struct([("role", pa.dictionary(pa.int32(), pa.string())), ("content", pa.string())])
+    for kind in (pa.list_(coded), pa.list_(TURN, 2)):
+        frame = pl.from_arrow(pa.table({"m": pa.array(rows, kind)}))
+        assert all(a.equals(b) for a, b in zip(renderer().pieces(frame), expected, strict=True))  # type: ignore[arg-type]
+    named = pa.struct([("role", pa.string()), ("content", pa.int64())])
+    empty = pl.from_arrow(pa.table({"m": pa.array([], pa.list_(named))}))
+    assert renderer().problems(empty).height == 0  # type: ignore[arg-type]

@@ -118,7 +118,7 @@ def write_outputs(
         def write(stream: BinaryIO) -> None:
             out = io.TextIOWrapper(stream, encoding="utf-8", newline="")
             with open(err_path, "w", encoding="utf-8", newline="") as err:
-                _write_lines(ctx, fmt, items, out, err, done)
+                _write_lines(ctx, fmt, _carried(items), out, err, done)
             out.detach()  # flushed; the stream is the store's to close
             # ERRORS first: OUTPUT is the sign the batch is done, so once it exists ERRORS
             # is whole too (a kill between the two leaves no OUTPUT; the rerun writes both).
@@ -126,8 +126,27 @@ def write_outputs(
                 put(err_path, errors_url)
 
         parent, _, name = output_url.rstrip("/").rpartition("/")
-        open_store(parent or ".").put_written(name, write)
+        try:
+            open_store(parent or ".").put_written(name, write)
+        except _ReadFailed as failed:  # not the store's to name as a write of OUTPUT
+            raise failed.error from None
     return done
+
+
+class _ReadFailed(Exception):
+    """An OS error reading the job's answers, carried past the store's wrapping of the
+    errors that writing OUTPUT raises."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _carried(items: Iterator[Any]) -> Iterator[Any]:
+    try:
+        yield from items
+    except OSError as exc:
+        raise _ReadFailed(exc) from exc
 
 
 def _write_lines(ctx: Context, fmt: str, items, out: TextIO, err: TextIO, done: Written) -> None:

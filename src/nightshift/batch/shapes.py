@@ -47,7 +47,7 @@ def openai_text(
     if ctx.endpoint != EMBEDDINGS or not answer.ok:
         return text
     vectors = answer.row.get("embeddings") or [answer.row["embedding"]]
-    return spliced(text, [v for v in vectors if isinstance(v, Vector)])
+    return spliced(text, vectors)
 
 
 def openai_line(
@@ -108,7 +108,7 @@ def _embedding_body(
     encodes them, base64 of little-endian float32."""
     vectors = row.get("embeddings") or [row["embedding"]]  # a line of several inputs
     if echo.get("encoding_format") == "base64":
-        vectors = [as_base64(v) for v in vectors]
+        vectors = [None if v is None else as_base64(v) for v in vectors]
     else:  # a Vector's text goes in after the line is dumped (openai_text)
         vectors = [placeholder(i) if isinstance(v, Vector) else v for i, v in enumerate(vectors)]
     prompt = row["prompt_tokens"]

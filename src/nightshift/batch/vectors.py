@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -32,15 +33,21 @@ def read_vectors(column: pa.Array | pa.ChunkedArray) -> list[Vector | None]:
         column = column.combine_chunks()
     texts = pl.Series(values=column).cast(pl.List(pl.String)).list.join(", ").to_list()
     values = column.to_numpy(zero_copy_only=False)
+    # A null inside a vector (never an engine's): polars' join would drop it silently.
+    holes = hasattr(column, "flatten") and column.flatten().null_count  # not a null type
+    rows = column.to_pylist() if holes else [None] * len(texts)
     return [
-        None if text is None else Vector(_json_text(text, vector), vector)
-        for text, vector in zip(texts, values, strict=True)
+        None if text is None else Vector(_json_text(text, vector, row), vector)
+        for text, vector, row in zip(texts, values, rows, strict=True)
     ]
 
 
-def _json_text(text: str, vector: np.ndarray) -> str:
-    """A vector's array text; one holding NaN or an infinity as ``json.dumps`` writes
-    them (NaN, Infinity: what Python's and the SDK's readers take), not polars' "inf"."""
+def _json_text(text: str, vector: np.ndarray, row: list | None) -> str:
+    """A vector's array text as ``json.dumps`` would read it: NaN and infinities as it
+    writes them (NaN, Infinity: what Python's and the SDK's readers take, not polars'
+    "inf"), a null element as null."""
+    if row is not None and None in row:
+        return json.dumps(row)
     if "n" in text or "N" in text:  # only "NaN" and "inf" hold an n: rare, checked here
         return json.dumps(np.asarray(vector, dtype=np.float64).tolist())
     return f"[{text}]"
@@ -59,8 +66,15 @@ def placeholder(index: int) -> str:
     return f"\x00nightshift-vector-{index}\x00"
 
 
-def spliced(line: str, vectors: list[Vector]) -> str:
-    """``line`` (dumped JSON) with each vector's text in place of its placeholder."""
-    for index, vector in enumerate(vectors):
-        line = line.replace(json.dumps(placeholder(index)), vector.text, 1)
-    return line
+_PLACEHOLDER = re.compile(r'"\\u0000nightshift-vector-(\d+)\\u0000"')  # as dumped
+
+
+def spliced(line: str, vectors: list) -> str:
+    """``line`` (dumped JSON) with each ``Vector``'s text in place of the placeholder of
+    its index in ``vectors``, in one pass (a line of 2,048 vectors is some 14 MB)."""
+
+    def text(match: re.Match) -> str:
+        vector = vectors[int(match.group(1))]
+        return vector.text if isinstance(vector, Vector) else match.group(0)
+
+    return _PLACEHOLDER.sub(text, line)

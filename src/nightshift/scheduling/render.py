@@ -111,7 +111,7 @@ class ConversationRenderer:
         inner = dtype.inner if isinstance(dtype, pl.List) else None
         fields = {f.name: f.dtype for f in inner.fields} if isinstance(inner, pl.Struct) else {}
         if fields != {"role": pl.String, "content": pl.String}:
-            return pl.Series([False] * column.len())  # every record checked one by one
+            return pl.Series([False] * column.len(), dtype=pl.Boolean)  # each checked alone
         turn = pl.element()
         good_turn = (
             turn.struct.field("role").is_in(sorted(ROLES))
@@ -173,6 +173,8 @@ class ConversationRenderer:
         column = records[self.column]
         if column.is_empty():
             return []
+        if isinstance(column.dtype, pl.Array):  # a fixed-size list of turns
+            column = column.cast(pl.List(column.dtype.inner))
         frame = pl.DataFrame({"t": column}).with_row_index("_i")
         frame = frame.with_columns(pl.col("t").list.len().alias("_n"), _roles("t"))
         frames = {k: self._frame(k.split(ROLE_JOIN)) for k in frame["_roles"].unique()}
@@ -187,7 +189,7 @@ ROLE_JOIN = "\n"  # no role holds it (roles are checked before a frame is asked 
 
 def _roles(column: str) -> pl.Expr:
     """A conversation's roles as one text, the key of its chat frame."""
-    roles = pl.col(column).list.eval(pl.element().struct.field("role"))
+    roles = pl.col(column).list.eval(pl.element().struct.field("role").cast(pl.String))
     return roles.list.join(ROLE_JOIN).alias("_roles")
 
 
