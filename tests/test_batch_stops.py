@@ -98,9 +98,11 @@ def test_expired_and_cancelled_batches_keep_every_answer_and_counts_never_fall(s
 def test_live_counts_of_several_input_embeddings_lines_count_lines(serve):
     server = serve(*FAKE, *CHUNKS, env=SLOWER)  # a line done every 3 s: seen part-way
     client = server.openai()
+    # each line's texts longer than the next line's: run longest first, the lines end one
+    # after another, not all at once at the end (which live counts could not tell apart)
     lines = [
         {"custom_id": f"e{j}", "method": "POST", "url": "/v1/embeddings",
-         "body": {"input": [f"text {j} {i}" for i in range(40)]}}
+         "body": {"input": [f"line {j}:" + " word" * 4 * (4 - j) + f" {i}" for i in range(40)]}}
         for j in range(4)
     ] + ["not json"]  # fmt: skip
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
