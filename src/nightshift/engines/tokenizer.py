@@ -70,12 +70,22 @@ class PromptEncoder:
 
     @classmethod
     def load(
-        cls, name_or_path: str, trust_remote_code: bool = False, key: str = "model.path"
+        cls,
+        name_or_path: str,
+        trust_remote_code: bool = False,
+        key: str = "model.path",
+        like: TokenizerIdentity | None = None,
     ) -> PromptEncoder:
-        """The tokenizer of a model folder or HF id; ``key`` is the spec key that named it."""
+        """The tokenizer of a model folder or HF id; ``key`` is the spec key that named it.
+        ``like``: the identity of this tokenizer as another process loaded it, whose
+        class is then loaded directly (see ``TokenizerIdentity``)."""
+        source = model_source(name_or_path)
+        if like is not None:
+            same = like.load(source)
+            if same is not None:
+                return cls(same)
         from transformers import AutoTokenizer
 
-        source = model_source(name_or_path)
         if name_or_path.startswith((".", "/", "~")) and not Path(source).is_dir():
             raise SpecError(
                 key,
@@ -323,6 +333,10 @@ class PromptEncoder:
             ids = ids[1:]
         return ids
 
+    def identity(self) -> TokenizerIdentity:
+        """What another process needs to load this same tokenizer without AutoTokenizer."""
+        return TokenizerIdentity.of(self._tok)
+
     @property
     def hf_tokenizer(self):
         """The Hugging Face tokenizer underneath (its vocabulary, its chat template)."""
@@ -330,6 +344,60 @@ class PromptEncoder:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """A loaded tokenizer's class and what it makes of some hard texts.
+
+    ``AutoTokenizer`` imports torch through transformers' model registry (2-3 s of CPU
+    and 0.3 GB a process) only to pick the tokenizer's class, which a process that
+    encodes prompts and nothing else (``running.encoding``) never needs: it loads the
+    class the run's AutoTokenizer picked, from the same files, and keeps it only if it
+    is the same tokenizer (the same ids for ``check_texts``, the same chat template
+    and specials); otherwise it loads through AutoTokenizer as the run did. A class
+    from the model's own code (trust_remote_code) has no importable name: no identity.
+    """
+
+    module: str
+    name: str
+    digest: str
+
+    @classmethod
+    def of(cls, hf_tokenizer) -> TokenizerIdentity:
+        kind = type(hf_tokenizer)
+        return cls(kind.__module__, kind.__qualname__, _digest(hf_tokenizer))
+
+    def load(self, source: str):
+        """The tokenizer at ``source`` by this class, if it is the same; else None."""
+        from importlib import import_module
+
+        if not self.module.startswith("transformers."):
+            return None
+        try:
+            tok = getattr(import_module(self.module), self.name).from_pretrained(source)
+        except Exception:  # noqa: BLE001 - AutoTokenizer loads it, or says what is wrong
+            return None
+        return tok if _digest(tok) == self.digest else None
+
+
+def _digest(hf_tokenizer) -> str:
+    """The ids of ``check_texts`` (special-token strings obeyed and split), the chat
+    template and the special tokens, hashed."""
+    import hashlib
+
+    from nightshift.engines.fastbpe import check_texts
+
+    texts = check_texts()
+    seen = [
+        hf_tokenizer(texts, add_special_tokens=False)["input_ids"],
+        hf_tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+        getattr(hf_tokenizer, "chat_template", None),
+        hf_tokenizer.bos_token_id,
+        hf_tokenizer.eos_token_id,
+        sorted(hf_tokenizer.get_added_vocab().items()),
+    ]
+    return hashlib.sha256(repr(seen).encode()).hexdigest()
 
 
 def _joined(row: Sequence[str]) -> list[str]:

@@ -195,7 +195,7 @@ class _Child:
         # Both pipe ends are served by threads of their own: a child that stops reading
         # (frozen, or slow to start with a large spec) never blocks the run's feed.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._outbox.put(pickle.dumps(spec))
+        self._outbox.put(pickle.dumps((spec, local.encoder.identity())))
         self._writer = threading.Thread(target=self._write, name="nightshift-encoder-batches")
         self._reader = threading.Thread(target=self._read, name="nightshift-encoder-answers")
         for thread in (self._writer, self._reader):
@@ -285,8 +285,8 @@ def serve(jobs: Connection, answers: Connection, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
     threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()
     try:
-        spec = pickle.loads(jobs.recv_bytes())
-        local = LocalEncoding(spec, load_encoder(spec))
+        spec, identity = pickle.loads(jobs.recv_bytes())
+        local = LocalEncoding(spec, load_encoder(spec, like=identity))
     except Exception:  # noqa: BLE001 - the run loaded it: it encodes in its thread instead
         return
     answers.send("ready")

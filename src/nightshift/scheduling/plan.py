@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 from tqdm.auto import tqdm
 
 from nightshift.console import screen
-from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.engines.tokenizer import PromptEncoder, TokenizerIdentity
 from nightshift.errors import SpecError
 from nightshift.io.inputs import (
     READ_BATCH,
@@ -331,11 +331,13 @@ def prepare_reasoning(encoder: PromptEncoder, parser: str, budget: int | None) -
         encoder.template_kwargs = thinking_off(encoder.hf_tokenizer)
 
 
-def load_encoder(spec: JobSpec) -> PromptEncoder:
+def load_encoder(spec: JobSpec, like: TokenizerIdentity | None = None) -> PromptEncoder:
+    """The job's prompt encoder; ``like``: the tokenizer as the run loaded it (an
+    encoding process's load, ``engines.tokenizer.TokenizerIdentity``)."""
     key = "model.tokenizer" if spec.model.tokenizer else "model.path"
     source = spec.model.tokenizer or spec.model.path
     check_model_source(source, key)  # a name that is no folder and cannot be fetched: at once
-    encoder = PromptEncoder.load(source, spec.model.trust_remote_code, key)
+    encoder = PromptEncoder.load(source, spec.model.trust_remote_code, key, like)
     if spec.model.reasoning:  # its markers checked before any prompt is rendered
         prepare_reasoning(encoder, spec.model.reasoning, spec.sampling.reasoning_budget)
     return encoder

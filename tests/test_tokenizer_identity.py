@@ -1,0 +1,49 @@
+"""A tokenizer loaded again by its class (``engines.tokenizer.TokenizerIdentity``), as an
+encoding process loads the run's: the same ids and template without AutoTokenizer's
+torch import, and AutoTokenizer again whenever the class would not give the same."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+
+from nightshift.engines.fastbpe import check_texts
+from nightshift.engines.tokenizer import PromptEncoder, TokenizerIdentity
+
+
+def test_the_same_tokenizer_by_its_class_without_torch(models):
+    identity = PromptEncoder.load(str(models["chat"])).identity()
+    code = (
+        "import json, pickle, sys\n"
+        "from nightshift.engines.tokenizer import PromptEncoder\n"
+        "e = PromptEncoder.load(sys.argv[1], like=pickle.loads(bytes.fromhex(sys.argv[2])))\n"
+        "from nightshift.engines.fastbpe import check_texts\n"
+        "print(json.dumps(['torch' in sys.modules, e.encode_texts(check_texts()),"
+        " e.hf_tokenizer.chat_template]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(models["chat"]), pickle.dumps(identity).hex()],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    torch, ids, template = json.loads(out.stdout.strip().splitlines()[-1])
+    run = PromptEncoder.load(str(models["chat"]))
+    assert not torch
+    assert ids == run.encode_texts(check_texts())
+    assert template == run.hf_tokenizer.chat_template
+
+
+def test_a_tokenizer_that_differs_is_loaded_through_autotokenizer(models, tmp_path):
+    identity = PromptEncoder.load(str(models["chat"])).identity()
+    other = shutil.copytree(models["chat"], tmp_path / "other")
+    template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    (other / "chat_template.jinja").write_text(template)
+    assert identity.load(str(other)) is None  # same class, another template
+    loaded = PromptEncoder.load(str(other), like=identity)
+    assert loaded.hf_tokenizer.chat_template == template
+    stranger = dataclasses.replace(identity, module="transformers_modules.mine")
+    assert stranger.load(str(models["chat"])) is None  # a model's own code: no name
+    assert TokenizerIdentity.of(loaded.hf_tokenizer).digest != identity.digest
