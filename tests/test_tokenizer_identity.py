@@ -1,4 +1,4 @@
-"""A tokenizer loaded again by its class (``engines.tokenizer.TokenizerIdentity``), as an
+"""A tokenizer loaded again by its class (``engines.tokenizerid.TokenizerIdentity``), as an
 encoding process loads the run's: the same ids and template without AutoTokenizer's
 torch import, and AutoTokenizer again whenever the class would not give the same."""
 
@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 from nightshift.engines.fastbpe import check_texts
-from nightshift.engines.tokenizer import PromptEncoder, TokenizerIdentity
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.engines.tokenizerid import TokenizerIdentity
 
 
 def test_the_same_tokenizer_by_its_class_without_torch(models):

@@ -20,7 +20,8 @@ import pyarrow.dataset as ds
 from tqdm.auto import tqdm
 
 from nightshift.console import screen
-from nightshift.engines.tokenizer import PromptEncoder, TokenizerIdentity
+from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import SpecError
 from nightshift.io.inputs import (
     READ_BATCH,
@@ -333,7 +334,7 @@ def prepare_reasoning(encoder: PromptEncoder, parser: str, budget: int | None) -
 
 def load_encoder(spec: JobSpec, like: TokenizerIdentity | None = None) -> PromptEncoder:
     """The job's prompt encoder; ``like``: the tokenizer as the run loaded it (an
-    encoding process's load, ``engines.tokenizer.TokenizerIdentity``)."""
+    encoding process's load, ``engines.tokenizerid.TokenizerIdentity``)."""
     key = "model.tokenizer" if spec.model.tokenizer else "model.path"
     source = spec.model.tokenizer or spec.model.path
     check_model_source(source, key)  # a name that is no folder and cannot be fetched: at once

@@ -1,0 +1,60 @@
+"""A tokenizer loaded again, in another process, by the class the run's AutoTokenizer
+picked (``TokenizerIdentity``); ``engines.tokenizer`` is the encoder around it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """A loaded tokenizer's class and what it makes of some hard texts.
+
+    ``AutoTokenizer`` imports torch through transformers' model registry (2-3 s of CPU
+    and 0.3 GB a process) only to pick the tokenizer's class, which a process that
+    encodes prompts and nothing else (``running.encoding``) never needs: it loads the
+    class the run's AutoTokenizer picked, from the same files, and keeps it only if it
+    is the same tokenizer (the same ids for ``check_texts``, the same chat template
+    and specials); otherwise it loads through AutoTokenizer as the run did. A class
+    from the model's own code (trust_remote_code) has no importable name: no identity.
+    """
+
+    module: str
+    name: str
+    digest: str
+
+    @classmethod
+    def of(cls, hf_tokenizer) -> TokenizerIdentity:
+        kind = type(hf_tokenizer)
+        return cls(kind.__module__, kind.__qualname__, _digest(hf_tokenizer))
+
+    def load(self, source: str):
+        """The tokenizer at ``source`` by this class, if it is the same; else None."""
+        from importlib import import_module
+
+        if not self.module.startswith("transformers."):
+            return None
+        try:
+            tok = getattr(import_module(self.module), self.name).from_pretrained(source)
+        except Exception:  # noqa: BLE001 - AutoTokenizer loads it, or says what is wrong
+            return None
+        return tok if _digest(tok) == self.digest else None
+
+
+def _digest(hf_tokenizer) -> str:
+    """The ids of ``check_texts`` (special-token strings obeyed and split), the chat
+    template and the special tokens, hashed."""
+    import hashlib
+
+    from nightshift.engines.fastbpe import check_texts
+
+    texts = check_texts()
+    seen = [
+        hf_tokenizer(texts, add_special_tokens=False)["input_ids"],
+        hf_tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"],
+        getattr(hf_tokenizer, "chat_template", None),
+        hf_tokenizer.bos_token_id,
+        hf_tokenizer.eos_token_id,
+        sorted(hf_tokenizer.get_added_vocab().items()),
+    ]
+    return hashlib.sha256(repr(seen).encode()).hexdigest()
