@@ -101,7 +101,9 @@ def test_two_local_workers_share_the_shards_on_the_fake_engine(models, tmp_path,
         plan={"shard_records": 10},
         run={"engine": "fake", "chunk_records": 4},
     )
-    run = start_run(write_spec(spec), 2, {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.02"})
+    # 6 s of answers: on a loaded machine one worker must not finish them all before
+    # the other's engine has started
+    run = start_run(write_spec(spec), 2, {"NIGHTSHIFT_FAKE_SECONDS_PER_RECORD": "0.05"})
     stdout, stderr = run.communicate(timeout=300)
     assert run.returncode == 0, stderr
     assert_exactly_once(str(out), "ticket_id", [r["ticket_id"] for r in rows])

@@ -3,7 +3,8 @@ picked (``TokenizerIdentity``); ``engines.tokenizer`` is the encoder around it."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,20 @@ class TokenizerIdentity:
     def of(cls, hf_tokenizer) -> TokenizerIdentity:
         kind = type(hf_tokenizer)
         return cls(kind.__module__, kind.__qualname__, _digest(hf_tokenizer))
+
+    def as_plan(self) -> dict[str, dict[str, str]]:
+        """The plan.json entry a resume loads the same tokenizer by (``in_plan``)."""
+        return {"tokenizer": asdict(self)}
+
+    @classmethod
+    def in_plan(cls, manifest: dict[str, Any] | None) -> TokenizerIdentity | None:
+        """The identity an earlier run recorded in its plan.json; None for a plan from
+        before it was recorded (or none): the resume loads through AutoTokenizer."""
+        known = (manifest or {}).get("tokenizer")
+        try:
+            return cls(**known) if isinstance(known, dict) else None
+        except TypeError:
+            return None
 
     def load(self, source: str):
         """The tokenizer at ``source`` by this class, if it is the same; else None."""

@@ -6,10 +6,12 @@ of its own, about 5 s) and the flow run is created; then the flow imports vLLM (
 
 1. boots the temporary server in the background (when no ``PREFECT_API_URL`` is set;
    ``pipelines.tempserver``);
-2. meanwhile imports vLLM, the flow and the tokenizer's package (transformers, which
-   imports torch: 3 s on the fake engine, where vLLM does not import it first) here, in
-   the main thread (imports are not run in two threads at once: two threads importing
-   modules that import each other can deadlock);
+2. meanwhile imports vLLM, the flow and the tokenizer's package (transformers, whose
+   AutoTokenizer imports torch: 3 s on the fake engine, where vLLM does not import it
+   first) here, in the main thread (imports are not run in two threads at once: two
+   threads importing modules that import each other can deadlock); a resume instead
+   loads its tokenizer by the class its plan recorded, which needs no torch, and
+   starts its encoding processes (``runner.resume_ahead``);
 3. starts the engine itself (``running.engines.start_head``), where this host holds
    no GPU slot: a GPU host's engine waits for its slot, which needs the server, and
    the flow starts it early once the slot is held (``pipelines.flow``).
@@ -27,13 +29,19 @@ import contextlib
 from collections.abc import Iterator
 from importlib import import_module
 
+from nightshift.io.outputs import JobOutput
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines import tempserver
 from nightshift.pipelines.runclock import start_clock, stop_clock
 from nightshift.pipelines.slots import host_takes_slots
 from nightshift.running import engines
 from nightshift.running.canary import canary_pending
-from nightshift.running.runner import work_may_be_left
+from nightshift.running.runner import (
+    drop_ahead,
+    planned_tokenizer,
+    resume_ahead,
+    work_may_be_left,
+)
 
 
 @contextlib.contextmanager
@@ -46,7 +54,9 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         early = early and work_may_be_left(spec, overwrite, new_run) and _prepared(spec)
         early = early and not canary_pending(spec, overwrite, new_run)  # engines in turn
         import_module("nightshift.pipelines.flow")  # before the engine's thread: one importer
-        _import_tokenizers()
+        afresh = overwrite or new_run
+        if not (early and not afresh and resume_ahead(spec)):  # a resume loads it now
+            _import_tokenizers(spec, afresh)
         if early and not host_takes_slots():
             engines.start_head(spec)
         if server is not None:
@@ -56,12 +66,19 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
     finally:
         stop_clock()
         engines.drop_head()
+        drop_ahead(spec)
 
 
-def _import_tokenizers() -> None:
+def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
     """What loading the job's tokenizer imports (``engines.tokenizer``), while the server
-    boots rather than after it: a plan, or a resume's first record, waits on it."""
+    boots rather than after it: a plan, or a resume's first record, waits on it. A
+    resume loads its tokenizer by the class its plan recorded (``runner.start_run``):
+    that class's module, not AutoTokenizer's, which imports torch (3 s on 2 cores)."""
+    known = None if afresh else planned_tokenizer(JobOutput(spec.output.path))
     with contextlib.suppress(Exception):  # a broken install: the plan's own load says so
+        if known is not None and known.module.startswith("transformers."):
+            getattr(import_module(known.module), known.name)
+            return
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
 
 

@@ -125,11 +125,13 @@ def start_spare(spec: JobSpec, encoder: PromptEncoder, records: int) -> None:
     """Start the encoding processes a job of about ``records`` gets, before its plan is
     built: a child takes seconds to load its tokenizer, and batches a feed sends before
     then are encoded in the run, beside the engine. Unclaimed after ``SPARE_FOR_S``
-    (the run failed, or had nothing to feed), they are closed."""
+    (the run failed, or had nothing to feed), they are closed. Children already
+    started for the same spec (a resume's, from its head start) are kept."""
     processes = encode_processes(records, spec.run.encode_processes)
-    if not processes:
-        return
     key = pickle.dumps(spec)
+    with _spares_lock:
+        if not processes or key in _spares:
+            return
     children = _start_children(spec, LocalEncoding(spec, encoder), processes)
     with _spares_lock:
         replaced = _spares.pop(key, None)

@@ -9,10 +9,12 @@ refused (see ``jobs.fingerprint``). The steps that follow are ``ShardRunner.run`
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import OutputExistsError, ShardsFailedError
 from nightshift.io.outputs import JobOutput, new_run_location
 from nightshift.jobs.fingerprint import changed_keys, plan_stamp
@@ -22,6 +24,10 @@ from nightshift.running.progress import LiveProgress
 from nightshift.running.shards import ShardRunner
 from nightshift.scheduling.increments import add_new_records, input_listing, input_may_have_grown
 from nightshift.scheduling.plan import build_plan, describe, load_encoder, open_job_input
+
+# A resume's encoder, loaded while Prefect's server boots (``resume_ahead``), by the
+# spec it was loaded for: that spec's ``start_run`` takes it.
+_ahead: dict[bytes, Any] = {}
 
 
 @dataclass
@@ -60,8 +66,10 @@ def start_run(
     output = JobOutput(new_run_location(spec.output.path) if new_run else spec.output.path)
     stamp = plan_stamp(spec)  # hashes the model's files: once per run
     # the model first: a spec that cannot even load its tokenizer never deletes nor
-    # refuses anything on its account (its own error says what to fix)
-    encoder = load_encoder(spec)
+    # refuses anything on its account (its own error says what to fix); a resume loads
+    # it by the class its plan recorded, without AutoTokenizer's import of torch
+    encoder = None if overwrite or new_run else _ahead.pop(pickle.dumps(spec), None)
+    encoder = encoder or load_encoder(spec, like=None if overwrite else planned_tokenizer(output))
     manifest = _resumable_plan(output, stamp, overwrite, lambda: open_job_input(spec))
     if as_worker and manifest is None:
         raise OutputExistsError(
@@ -96,7 +104,8 @@ def _plan(
     start_spare(spec, encoder, _input_rows(spec))
     listing = {"input_listing": input_listing(spec)}  # before reading (increments)
     plan = build_plan(spec, encoder, progress)
-    output.plans.write(plan, {**describe(plan, spec), **stamp, **listing})  # before generation
+    summary = {**describe(plan, spec), **stamp, **listing, **encoder.identity().as_plan()}
+    output.plans.write(plan, summary)  # before generation
     return output.plans.manifest()
 
 
@@ -127,6 +136,44 @@ def work_may_be_left(spec: JobSpec, overwrite: bool, new_run: bool) -> bool:
     if any(s["index"] not in committed for s in manifest["shards"]["each"]):
         return True
     return spec.run.incremental and input_may_have_grown(spec, manifest)
+
+
+def resume_ahead(spec: JobSpec) -> bool:
+    """Where a run of ``spec`` will resume the plan at its output (the same job, shards
+    left), load its encoder by the class the plan recorded and start its encoding
+    processes now, before the run's flow exists (``pipelines.headstart``: while
+    Prefect's server boots); True if it did. ``start_run`` takes both up, and says
+    what is amiss where this finds anything unusual."""
+    try:
+        output = JobOutput(spec.output.path)
+        manifest = output.plans.manifest()
+        if manifest is None or manifest.get("fingerprint") != plan_stamp(spec)["fingerprint"]:
+            return False
+        committed = output.shards.committed()
+        if all(s["index"] in committed for s in manifest["shards"]["each"]):
+            return False
+        encoder = load_encoder(spec, like=TokenizerIdentity.in_plan(manifest))
+    except Exception:  # noqa: BLE001 - start_run meets it again, and says so
+        return False
+    _ahead[pickle.dumps(spec)] = encoder
+    start_spare(spec, encoder, int(manifest.get("records", {}).get("runnable", 0)))
+    return True
+
+
+def drop_ahead(spec: JobSpec) -> None:
+    """Forget what ``resume_ahead`` loaded for ``spec`` that no run took (it failed
+    first), and end its encoding processes."""
+    _ahead.pop(pickle.dumps(spec), None)
+    close_spare(spec)
+
+
+def planned_tokenizer(output: JobOutput) -> TokenizerIdentity | None:
+    """The tokenizer identity the plan at ``output`` recorded, if any (a hint: a plan
+    that cannot be read here is read, and refused or resumed, by ``start_run``)."""
+    try:
+        return TokenizerIdentity.in_plan(output.plans.manifest())
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def raise_if_failed(job: JobRun) -> None:

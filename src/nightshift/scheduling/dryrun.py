@@ -44,7 +44,9 @@ def plan_summary(
                 f"output.path: {spec.output.path} holds a run; writing a plan there would "
                 "replace its plan under it; choose another output.path"
             )
-        summary["written_to"] = output.plans.write(plan, {**summary, **plan_stamp(spec)})
+        summary["written_to"] = output.plans.write(
+            plan, {**summary, **plan_stamp(spec), **encoder.identity().as_plan()}
+        )
     # Only the distinct work goes to the engine (scheduling.dedup); output lengths come
     # from a previous run or the response cache where they have them.
     distinct = distinct_records(plan.records)
