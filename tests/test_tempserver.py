@@ -23,6 +23,7 @@ def no_server_url(monkeypatch):
     (the session's Prefect test harness holds one: each test runs in an empty one)."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setattr(tempserver, "_server", None)
+    monkeypatch.setattr(tempserver, "_early", None)
     refresh_global_settings_context()
     yield
     if tempserver._server is not None:
@@ -66,9 +67,9 @@ def test_the_booted_server_answers_and_every_prefect_client_of_the_process_uses_
 def test_a_server_that_lost_its_port_starts_again_on_another(no_server_url, monkeypatch):
     launch, ports = tempserver._launch, []
 
-    def first_loses_its_port(port: int) -> subprocess.Popen:
+    def first_loses_its_port(port: int, settings: bool = True) -> subprocess.Popen:
         ports.append(port)
-        return _exits(tempserver._PORT_TAKEN) if len(ports) == 1 else launch(port)
+        return _exits(tempserver._PORT_TAKEN) if len(ports) == 1 else launch(port, settings)
 
     monkeypatch.setattr(tempserver, "_launch", first_loses_its_port)
     server = tempserver.TemporaryServer()
@@ -81,7 +82,7 @@ def test_a_server_that_lost_its_port_starts_again_on_another(no_server_url, monk
 
 @outside_the_harness
 def test_a_server_that_never_answers_is_stopped_and_prefect_decides(no_server_url, monkeypatch):
-    monkeypatch.setattr(tempserver, "_launch", lambda port: _exits(1))
+    monkeypatch.setattr(tempserver, "_launch", lambda port, settings=True: _exits(1))
     thread = tempserver.boot()
     thread.join()
     tempserver.use()
@@ -93,3 +94,68 @@ def test_a_callers_own_settings_context_leaves_the_server_to_prefect(no_server_u
     """A changed global setting would not reach a caller inside ``temporary_settings``."""
     with temporary_settings(updates={PREFECT_API_URL: None}):
         assert tempserver.boot() is None
+
+
+EARLY_RUN = """
+import sys, httpx
+from nightshift.pipelines import tempserver
+tempserver.launch_early()
+early = tempserver._early
+assert early is not None and "prefect" not in sys.modules, "no early launch"
+thread = tempserver.boot()
+thread.join()
+tempserver.use()
+assert tempserver._server is early and tempserver._early is None
+assert httpx.get(tempserver._server.api_url + "/health").status_code == 200
+print("early", early.process.pid)
+"""
+
+
+def test_a_run_launches_the_server_before_it_imports_prefect_and_boot_takes_it_up():
+    """The server's boot then overlaps Prefect's import: what a resume's start waits on."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # the session's home
+    run = subprocess.run(
+        [sys.executable, "-c", EARLY_RUN], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.startswith("early "), run.stdout + run.stderr
+
+
+@outside_the_harness
+def test_an_early_server_the_settings_do_not_allow_is_stopped(no_server_url):
+    early = tempserver._early = tempserver.TemporaryServer(settings=False)
+    with temporary_settings(updates={PREFECT_API_URL: None}):  # Prefect decides: not ours
+        assert tempserver.boot() is None
+    assert early.process.poll() is not None and tempserver._early is None
+    assert tempserver._server is None
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "named"),
+    [
+        (None, "", False),
+        (
+            "home/profiles.toml",
+            '[profiles.ephemeral]\nPREFECT_SERVER_ALLOW_EPHEMERAL_MODE = "true"',
+            False,
+        ),
+        ("home/profiles.toml", '[profiles.x]\nPREFECT_API_URL = "http://h:4200/api"', True),
+        ("home/profiles.toml", "[profiles.x]\nPREFECT_SERVER_ALLOW_EPHEMERAL_MODE = 'false'", True),
+        (".env", "PREFECT_API_URL=http://h:4200/api", True),
+        ("prefect.toml", "", True),
+        ("pyproject.toml", '[tool.prefect.api]\nurl = "http://h"', True),
+        ("pyproject.toml", '[project]\nname = "x"', False),
+    ],
+)
+def test_no_early_launch_where_a_settings_file_may_name_a_server(
+    tmp_path, monkeypatch, file, text, named
+):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_PROFILES_PATH", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    if file:
+        (tmp_path / file).parent.mkdir(exist_ok=True)
+        (tmp_path / file).write_text(text)
+    assert tempserver._named_elsewhere() is named
+    monkeypatch.setenv("PREFECT_API_URL", "http://h:4200/api")
+    assert tempserver._named_elsewhere()

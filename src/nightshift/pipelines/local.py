@@ -23,7 +23,7 @@ from typing import Any
 
 from nightshift.console import ScreenHandler, engine_output_to
 from nightshift.jobs.loading import load_spec
-from nightshift.pipelines import stops
+from nightshift.pipelines import stops, tempserver
 
 # Applied before Prefect is imported (its settings are read then).
 _QUIET_PREFECT = {
@@ -63,6 +63,7 @@ def _run_flow_once(spec_path, overrides, overwrite, new_run, progress, verbose, 
     spec = load_spec(spec_path, overrides)
     log = None if verbose else engine_log_path(spec.output.path)
     with engine_output_to(log) if log else contextlib.nullcontext():
+        tempserver.launch_early()  # its boot overlaps Prefect's import, here
         import prefect  # noqa: F401  (its logging set-up comes before nightshift's handler)
 
         from nightshift.pipelines.headstart import head_start
