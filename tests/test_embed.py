@@ -134,3 +134,51 @@ def test_a_changed_embed_setting_is_refused_on_resume(models, tmp_path, write_sp
     data["embed"] = {"normalize": False}
     result = runner.invoke(app, ["jobs", "run", str(write_spec(data)), "--set", "run.engine=fake"])
     assert result.exit_code != 0 and "embed" in result.output
+
+
+@pytest.mark.parametrize(
+    "edit", [{}, {"matryoshka_dimensions": [8, 64]}, {"is_matryoshka": True}, {"id2label": {}}]
+)
+def test_an_embed_models_config_is_read_as_autoconfig_reads_it(models, tmp_path, edit):
+    """config.json read plainly (AutoConfig imports torch: 3 s of a run's start)."""
+    from nightshift.jobs.tasks import _auto_config, _plain_config
+
+    model = tmp_path / "model"
+    shutil.copytree(models["chat"], model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **edit}))
+    plain, auto = _plain_config(str(model)), _auto_config(str(model))
+    assert plain is not None and int(plain["hidden_size"]) == auto["hidden_size"] == 128
+    assert plain.get("matryoshka_dimensions") == auto["matryoshka_dimensions"]
+    assert bool(plain.get("is_matryoshka")) == bool(auto["is_matryoshka"])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "gpt2", "n_embd": 64},  # hidden_size by another name
+        {"model_type": "x", "hidden_size": 16, "text_config": {"hidden_size": 32}},  # composite
+        {"model_type": "x", "hidden_size": 16, "decoder": {"hidden_size": 32}},
+    ],
+)
+def test_a_config_autoconfig_reads_otherwise_is_left_to_it(tmp_path, config):
+    from nightshift.jobs.tasks import _plain_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _plain_config(str(tmp_path)) is None
+    assert _plain_config(str(tmp_path / "absent")) is None
+
+
+def test_an_embed_jobs_dimension_is_checked_without_torch(models, tmp_path):
+    import subprocess
+    import sys
+
+    data = json.dumps(json.dumps(embed_job(models, tmp_path, ["a"])))
+    code = (
+        "import sys; from nightshift.jobs.tasks import embedding_dimension;"
+        "from nightshift.jobs.loading import validate_spec; import json;"
+        f"spec = validate_spec(json.loads({data}));"
+        "print(embedding_dimension(spec), 'torch' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.split() == ["128", "False"], run.stderr

@@ -20,6 +20,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -251,25 +252,13 @@ def embedding_dimension(spec: JobSpec) -> int:
     """An embed job's vector size: ``embed.dimensions`` where the model supports it (as
     vLLM decides: ``matryoshka_dimensions`` or ``is_matryoshka`` in its config.json),
     else the model's hidden size (vLLM's pooling runner returns the last hidden state)."""
-    from transformers import AutoConfig
-
-    from nightshift.engines.tokenizer import model_source
-
-    try:
-        config = AutoConfig.from_pretrained(model_source(spec.model.path))
-    except (OSError, ValueError) as exc:  # no such folder or id, or no config.json in it
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(
-            "model.path",
-            f"cannot read the model's config from {spec.model.path!r}: {first}",
-            "give a local model folder or a model id this machine can reach",
-        ) from None
-    size = int(getattr(config, "get_text_config", lambda: config)().hidden_size)
+    config = _plain_config(spec.model.path) or _auto_config(spec.model.path)
+    size = int(config["hidden_size"])
     wanted = spec.embed.dimensions if spec.embed is not None else None
     if not wanted:
         return size
-    allowed = getattr(config, "matryoshka_dimensions", None)
-    if not (allowed or getattr(config, "is_matryoshka", False)):
+    allowed = config.get("matryoshka_dimensions")
+    if not (allowed or config.get("is_matryoshka")):
         raise SpecError(
             "embed.dimensions",
             f"{spec.model.path} is not trained for shortened (Matryoshka) embeddings",
@@ -279,6 +268,50 @@ def embedding_dimension(spec: JobSpec) -> int:
         sizes = ", ".join(map(str, allowed)) if allowed else f"1 to {size}"
         raise SpecError("embed.dimensions", f"{wanted} is not a size this model gives", sizes)
     return wanted
+
+
+def _plain_config(model: str) -> dict[str, Any] | None:
+    """A local model's config.json as read, where it names ``hidden_size`` itself and
+    holds no sub-model's config: AutoConfig would read the same (and it imports torch,
+    3 s of a run's start on 2 cores); None where AutoConfig is to decide."""
+    from nightshift.engines.tokenizer import model_source
+
+    try:
+        config = json.loads((Path(model_source(model)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "hidden_size" not in config:
+        return None
+    return None if any(_sub_model(k, v) for k, v in config.items()) else config
+
+
+def _sub_model(key: str, value: Any) -> bool:
+    """A composite model's part, whose hidden size ``get_text_config`` would take."""
+    if key in ("decoder", "generator", "text_encoder"):
+        return value is not None
+    return key.endswith("_config") and isinstance(value, dict) and "quantization" not in key
+
+
+def _auto_config(model: str) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from nightshift.engines.tokenizer import model_source
+
+    try:
+        config = AutoConfig.from_pretrained(model_source(model))
+    except (OSError, ValueError) as exc:  # no such folder or id, or no config.json in it
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(
+            "model.path",
+            f"cannot read the model's config from {model!r}: {first}",
+            "give a local model folder or a model id this machine can reach",
+        ) from None
+    text = getattr(config, "get_text_config", lambda: config)()
+    return {
+        "hidden_size": text.hidden_size,
+        "matryoshka_dimensions": getattr(config, "matryoshka_dimensions", None),
+        "is_matryoshka": getattr(config, "is_matryoshka", False),
+    }
 
 
 def answer_budget(spec: JobSpec) -> int:
