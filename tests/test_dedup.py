@@ -233,3 +233,27 @@ def test_jobs_plan_says_how_many_records_repeat_another(models, tmp_path, write_
     result = CliRunner().invoke(app, ["jobs", "plan", str(write_spec(_job(models, tmp_path)))])
     assert result.exit_code == 0, result.output
     assert f"repeated prompts: {RECORDS - DISTINCT} record(s) repeat" in result.output
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_the_first_record_in_input_order_is_the_original(shuffled):
+    """Whatever order the keys come in (the measurement's is the input's), the earliest
+    record by file and row answers, and the others are its copies."""
+    import polars as pl
+
+    from nightshift.scheduling.dedup import ANSWERED_FROM, DIGEST, split_copies
+
+    keys = pl.DataFrame(
+        {
+            "_file": pl.Series([0, 0, 1, 1, 2], dtype=pl.UInt32),
+            "_row": pl.Series([0, 1, 0, 1, 0], dtype=pl.UInt32),
+            "record_id": ["a", "b", "c", "d", "e"],
+            DIGEST: pl.Series([b"x", b"y", b"x", None, b"y"], dtype=pl.Binary),
+        }
+    )
+    originals, copies = split_copies(keys.reverse() if shuffled else keys)
+    assert originals["record_id"].to_list() == ["a", "b", "d"]
+    assert dict(copies.select("record_id", ANSWERED_FROM).iter_rows()) == {"c": "a", "e": "b"}
+    alone, none = split_copies(keys.head(2))  # no repeats: nothing is a copy
+    assert alone["record_id"].to_list() == ["a", "b"] and none.height == 0
+    assert alone[ANSWERED_FROM].null_count() == 2 and DIGEST not in alone.columns

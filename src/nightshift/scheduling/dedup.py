@@ -94,15 +94,22 @@ def split_copies(runnable: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     if DIGEST not in runnable.columns:  # repeats are not merged in this job
         none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
         return runnable.with_columns(none), runnable.head(0).with_columns(none)
-    frame = runnable.sort("_file", "_row")
+    # The first in input order is the original; the measurement's keys come in that
+    # order already, and a frame of a million records is not copied for nothing.
+    frame = runnable if _in_input_order(runnable) else runnable.sort("_file", "_row")
     first = frame.select(pl.col(DIGEST).is_first_distinct() | pl.col(DIGEST).is_null()).to_series()
+    none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
+    if first.all():  # no repeats: the originals are the frame itself
+        return frame.drop(DIGEST).with_columns(none), frame.head(0).drop(DIGEST).with_columns(none)
     originals, copies = frame.filter(first), frame.filter(~first)
     lookup = originals.select(DIGEST, pl.col("record_id").alias(ANSWERED_FROM))
     copies = copies.join(lookup, on=DIGEST, how="left")
-    originals = originals.with_columns(
-        pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
-    )
-    return originals.drop(DIGEST), copies.drop(DIGEST)
+    return originals.drop(DIGEST).with_columns(none), copies.drop(DIGEST)
+
+
+def _in_input_order(frame: pl.DataFrame) -> bool:
+    place = frame.select(pl.col("_file").cast(pl.Int64) * (1 << 32) + pl.col("_row")).to_series()
+    return place.is_sorted()
 
 
 def place_copies(ordered: pl.DataFrame, copies: pl.DataFrame) -> pl.DataFrame:

@@ -174,38 +174,48 @@ def build_plan(
     measurer = RecordMeasurer(spec, encoder, block)
     keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
+    input_records, rejects, runnable = _set_rejects_apart(keys)
+    del keys  # memory is tight: from here the frames are copies of the runnable records
     # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
-    runnable, copies = split_copies(keys.filter(pl.col("reject_kind").is_null()))
-    keys = keys.drop("_chunks")  # only runnable records' chunks count, and memory is tight
-    copies = copies.drop("_chunks")
+    runnable, copies = split_copies(runnable)
+    copies = copies.drop("_chunks")  # only originals' chunks count
     runnable = shared_blocks(dataset, columns, measurer, runnable, block)
     runnable = prefix_levels(runnable, block)
+    window = _cache_window(spec, runnable)
+    input_order = reuse_share(predicted_cached(runnable, block, window), runnable["tokens"])
     ordered = order_records(runnable, block)
+    del runnable  # the order is a copy of it
     ordered = cut_shards(ordered, spec.plan.shard_records, spec.plan.shard_tokens)
     ordered = ordered.with_columns(pl.col("shard") + first_shard)
-    window = _cache_window(spec, runnable)
     ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
-    input_order = predicted_cached(runnable, block, window)
     # Over the prompts sent, as vLLM measures it: copies send nothing.
     predicted = reuse_share(ordered["predicted_cached"], ordered["tokens"])
     ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
         "predicted": predicted,
-        "input_order": reuse_share(input_order, runnable["tokens"]),
+        "input_order": input_order,
         "block_size": block,
         "cache_window_records": window,
         "shared_start_tokens": measurer.shared_start_tokens,  # reuse.reuse_note: why none
     }
-    rejects = keys.filter(pl.col("reject_kind").is_not_null())
     return Plan(
         dataset=dataset,
         columns=columns,
-        input_records=keys.height,
+        input_records=input_records,
         records=ordered.select([*RECORD_KEYS, "predicted_cached"]),
-        rejects=rejects.select("_file", "_row", "record_id", "reject_kind", "reason"),
+        rejects=rejects,
         prefix_reuse=reuse,
         exact_records=measurer.exact_records,
     )
+
+
+def _set_rejects_apart(keys: pl.DataFrame) -> tuple[int, pl.DataFrame, pl.DataFrame]:
+    """(input records, rejects, runnable records); where none is rejected (the common
+    case) the runnable records are ``keys`` itself, not a copy."""
+    rejected = pl.col("reject_kind").is_not_null()
+    rejects = keys.filter(rejected).select("_file", "_row", "record_id", "reject_kind", "reason")
+    runnable = keys.filter(~rejected) if rejects.height else keys
+    return keys.height, rejects, runnable
 
 
 def _measure_input(
