@@ -159,6 +159,7 @@ def test_an_embed_models_config_is_read_as_autoconfig_reads_it(models, tmp_path,
         {"model_type": "gpt2", "n_embd": 64},  # hidden_size by another name
         {"model_type": "x", "hidden_size": 16, "text_config": {"hidden_size": 32}},  # composite
         {"model_type": "x", "hidden_size": 16, "decoder": {"hidden_size": 32}},
+        {"model_type": "x", "hidden_size": "384"},  # AutoConfig's to refuse
     ],
 )
 def test_a_config_autoconfig_reads_otherwise_is_left_to_it(tmp_path, config):
@@ -173,7 +174,7 @@ def test_an_embed_jobs_dimension_is_checked_without_torch(models, tmp_path):
     import subprocess
     import sys
 
-    data = json.dumps(json.dumps(embed_job(models, tmp_path, ["a"])))
+    data = json.dumps(json.dumps(embed_job(models, tmp_path, ["a"], run={"engine": "fake"})))
     code = (
         "import sys; from nightshift.jobs.tasks import embedding_dimension;"
         "from nightshift.jobs.loading import validate_spec; import json;"
@@ -182,3 +183,18 @@ def test_an_embed_jobs_dimension_is_checked_without_torch(models, tmp_path):
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.stdout.split() == ["128", "False"], run.stderr
+
+
+def test_a_config_with_no_hidden_size_for_its_vectors_is_a_spec_error(models, tmp_path):
+    from nightshift.errors import SpecError
+    from nightshift.jobs.tasks import embedding_dimension
+
+    model = tmp_path / "model"
+    shutil.copytree(models["chat"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"] = {"vocab_size": 10}  # a llama config that gives it as a dict
+    (model / "config.json").write_text(json.dumps(config))
+    data = embed_job(models, tmp_path, ["a"], run={"engine": "fake"})
+    data["model"] = {**data["model"], "path": str(model)}
+    with pytest.raises(SpecError, match="model.path"):
+        embedding_dimension(validate_spec(data))

@@ -144,6 +144,8 @@ def test_an_early_server_the_settings_do_not_allow_is_stopped(no_server_url):
         ("prefect.toml", "", True),
         ("pyproject.toml", '[tool.prefect.api]\nurl = "http://h"', True),
         ("pyproject.toml", '[project]\nname = "x"', False),
+        (".env", "PREFECT_SERVER_EPHEMERAL_ENABLED=off", True),  # the alias, and "off"
+        ("home/profiles.toml", "[profiles.x]\nPREFECT_SERVER_ALLOW_EPHEMERAL_MODE = no", True),
     ],
 )
 def test_no_early_launch_where_a_settings_file_may_name_a_server(
@@ -157,5 +159,8 @@ def test_no_early_launch_where_a_settings_file_may_name_a_server(
         (tmp_path / file).parent.mkdir(exist_ok=True)
         (tmp_path / file).write_text(text)
     assert tempserver._named_elsewhere() is named
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_ENABLED", "false")
+    assert tempserver._named_elsewhere()
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_ENABLED")
     monkeypatch.setenv("PREFECT_API_URL", "http://h:4200/api")
     assert tempserver._named_elsewhere()

@@ -48,3 +48,24 @@ def test_a_tokenizer_that_differs_is_loaded_through_autotokenizer(models, tmp_pa
     stranger = dataclasses.replace(identity, module="transformers_modules.mine")
     assert stranger.load(str(models["chat"])) is None  # a model's own code: no name
     assert TokenizerIdentity.of(loaded.hf_tokenizer).digest != identity.digest
+
+
+def test_an_identity_edited_into_a_plan_by_hand_never_loads_anything_else(models):
+    """A damaged or hostile plan.json entry: no model class's weights, no other package,
+    no crash; ``load`` says None and the resume goes through AutoTokenizer."""
+    real = PromptEncoder.load(str(models["chat"])).identity()
+    wrong = [
+        TokenizerIdentity("transformers.models.auto.configuration_auto", "AutoConfig", "x"),
+        TokenizerIdentity("transformers.models.llama.modeling_llama", "LlamaForCausalLM", "x"),
+        TokenizerIdentity("os", "system", real.digest),
+        TokenizerIdentity(None, "x", "y"),  # type: ignore[arg-type]
+        TokenizerIdentity(real.module, "NoSuchClass", real.digest),
+        dataclasses.replace(real, digest="0" * 64),
+    ]
+    for identity in wrong:
+        assert identity.load(str(models["chat"])) is None, identity
+    assert real.load(str(models["chat"])) is not None
+    encoder = PromptEncoder.load(str(models["chat"]), like=wrong[1])  # AutoTokenizer's
+    assert encoder.encode_texts(check_texts()) == PromptEncoder.load(
+        str(models["chat"])
+    ).encode_texts(check_texts())

@@ -47,13 +47,22 @@ class TokenizerIdentity:
         """The tokenizer at ``source`` by this class, if it is the same; else None."""
         from importlib import import_module
 
-        if not self.module.startswith("transformers."):
-            return None
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        if not all(isinstance(v, str) for v in (self.module, self.name, self.digest)):
+            return None  # a plan.json edited by hand
+        package, _, module = self.module.rpartition(".")
+        ours = package == "transformers" or package.startswith("transformers.")
+        if not ours or not module.startswith("tokenization"):
+            return None  # only a transformers tokenizer module is imported by its name
         try:
-            tok = getattr(import_module(self.module), self.name).from_pretrained(source)
+            kind = getattr(import_module(self.module), self.name)
+            if not (isinstance(kind, type) and issubclass(kind, PreTrainedTokenizerBase)):
+                return None  # a model or config class would load weights, or fail late
+            tok = kind.from_pretrained(source)
+            return tok if _digest(tok) == self.digest else None
         except Exception:  # noqa: BLE001 - AutoTokenizer loads it, or says what is wrong
             return None
-        return tok if _digest(tok) == self.digest else None
 
 
 def _digest(hf_tokenizer) -> str:

@@ -252,7 +252,9 @@ def embedding_dimension(spec: JobSpec) -> int:
     """An embed job's vector size: ``embed.dimensions`` where the model supports it (as
     vLLM decides: ``matryoshka_dimensions`` or ``is_matryoshka`` in its config.json),
     else the model's hidden size (vLLM's pooling runner returns the last hidden state)."""
-    config = _plain_config(spec.model.path) or _auto_config(spec.model.path)
+    # vLLM imports torch, and AutoConfig with it, anyway; the fake engine need not
+    plain = _plain_config(spec.model.path) if spec.run.engine == "fake" else None
+    config = plain or _auto_config(spec.model.path)
     size = int(config["hidden_size"])
     wanted = spec.embed.dimensions if spec.embed is not None else None
     if not wanted:
@@ -272,15 +274,16 @@ def embedding_dimension(spec: JobSpec) -> int:
 
 def _plain_config(model: str) -> dict[str, Any] | None:
     """A local model's config.json as read, where it names ``hidden_size`` itself and
-    holds no sub-model's config: AutoConfig would read the same (and it imports torch,
-    3 s of a run's start on 2 cores); None where AutoConfig is to decide."""
+    holds no sub-model's config (a composite model's saved config names its parts):
+    what AutoConfig reads for it, without its import of torch (3 s of a fake-engine
+    run's start on 2 cores); None where AutoConfig is to decide."""
     from nightshift.engines.tokenizer import model_source
 
     try:
         config = json.loads((Path(model_source(model)) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict) or "hidden_size" not in config:
+    if not isinstance(config, dict) or type(config.get("hidden_size")) is not int:
         return None
     return None if any(_sub_model(k, v) for k, v in config.items()) else config
 
@@ -307,8 +310,15 @@ def _auto_config(model: str) -> dict[str, Any]:
             "give a local model folder or a model id this machine can reach",
         ) from None
     text = getattr(config, "get_text_config", lambda: config)()
+    size = text.get("hidden_size") if isinstance(text, dict) else getattr(text, "hidden_size", None)
+    if not isinstance(size, int):
+        raise SpecError(
+            "model.path",
+            f"the config.json of {model!r} gives no hidden size for its vectors",
+            "give an embedding model's folder (its config.json names hidden_size)",
+        )
     return {
-        "hidden_size": text.hidden_size,
+        "hidden_size": size,
         "matryoshka_dimensions": getattr(config, "matryoshka_dimensions", None),
         "is_matryoshka": getattr(config, "is_matryoshka", False),
     }

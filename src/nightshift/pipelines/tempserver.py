@@ -161,7 +161,7 @@ def _named_elsewhere() -> bool:
     """Whether the environment or a settings file Prefect reads may name the API server
     or forbid a temporary one, read without importing Prefect: if so, no early launch.
     Cautious by design: any profile, not only the active one, counts."""
-    if os.environ.get("PREFECT_API_URL") or "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE" in os.environ:
+    if os.environ.get("PREFECT_API_URL") or any(k in os.environ for k in _EPHEMERAL_SWITCHES):
         return True
     home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
     profiles = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
@@ -173,7 +173,12 @@ def _named_elsewhere() -> bool:
     )
 
 
-_SERVER_NAMED = re.compile(r"PREFECT_API_URL|ALLOW_EPHEMERAL_MODE\s*=\s*[\"']?(false|0)", re.I)
+# Prefect's switch for a temporary server, by its name and its alias
+_EPHEMERAL_SWITCHES = ("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "PREFECT_SERVER_EPHEMERAL_ENABLED")
+_SERVER_NAMED = re.compile(
+    r"PREFECT_API_URL|(ALLOW_EPHEMERAL_MODE|EPHEMERAL_ENABLED)\s*=\s*[\"']?(false|0|off|no|f|n)\b",
+    re.I,
+)
 
 
 def _mentions(path: Path, pattern: re.Pattern) -> bool:
