@@ -45,7 +45,7 @@ def test_a_tokenizer_that_differs_is_loaded_through_autotokenizer(models, tmp_pa
     assert identity.load(str(other)) is None  # same class, another template
     loaded = PromptEncoder.load(str(other), like=identity)
     assert loaded.hf_tokenizer.chat_template == template
-    stranger = dataclasses.replace(identity, module="transformers_modules.mine")
+    stranger = dataclasses.replace(identity, module="transformers_modules.mine.tokenization_mine")
     assert stranger.load(str(models["chat"])) is None  # a model's own code: no name
     assert TokenizerIdentity.of(loaded.hf_tokenizer).digest != identity.digest
 
