@@ -45,24 +45,29 @@ class TokenizerIdentity:
 
     def load(self, source: str):
         """The tokenizer at ``source`` by this class, if it is the same; else None."""
+        try:
+            kind = self.tokenizer_class()
+            tok = kind.from_pretrained(source) if kind is not None else None
+            return tok if tok is not None and _digest(tok) == self.digest else None
+        except Exception:  # noqa: BLE001 - AutoTokenizer loads it, or says what is wrong
+            return None
+
+    def tokenizer_class(self) -> type | None:
+        """This identity's class, imported; None unless it is a transformers tokenizer
+        (a plan.json edited by hand names nothing else that is imported or loaded)."""
         from importlib import import_module
 
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         if not all(isinstance(v, str) for v in (self.module, self.name, self.digest)):
-            return None  # a plan.json edited by hand
+            return None
         package, _, module = self.module.rpartition(".")
         ours = package == "transformers" or package.startswith("transformers.")
         if not ours or not module.startswith("tokenization"):
             return None  # only a transformers tokenizer module is imported by its name
-        try:
-            kind = getattr(import_module(self.module), self.name)
-            if not (isinstance(kind, type) and issubclass(kind, PreTrainedTokenizerBase)):
-                return None  # a model or config class would load weights, or fail late
-            tok = kind.from_pretrained(source)
-            return tok if _digest(tok) == self.digest else None
-        except Exception:  # noqa: BLE001 - AutoTokenizer loads it, or says what is wrong
-            return None
+        kind = getattr(import_module(self.module), self.name, None)
+        tokenizer = isinstance(kind, type) and issubclass(kind, PreTrainedTokenizerBase)
+        return kind if tokenizer else None
 
 
 def _digest(hf_tokenizer) -> str:

@@ -76,8 +76,7 @@ def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
     that class's module, not AutoTokenizer's, which imports torch (3 s on 2 cores)."""
     known = None if afresh else planned_tokenizer(JobOutput(spec.output.path))
     with contextlib.suppress(Exception):  # a broken install: the plan's own load says so
-        if known is not None and known.module.startswith("transformers."):
-            getattr(import_module(known.module), known.name)
+        if known is not None and known.tokenizer_class() is not None:
             return
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
 

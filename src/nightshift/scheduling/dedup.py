@@ -91,14 +91,13 @@ def _digest(parts: tuple[str, ...]) -> bytes:
 
 def split_copies(runnable: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(originals, copies): copies carry ``answered_from``, their original's record_id."""
+    none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
     if DIGEST not in runnable.columns:  # repeats are not merged in this job
-        none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
         return runnable.with_columns(none), runnable.head(0).with_columns(none)
     # The first in input order is the original; the measurement's keys come in that
     # order already, and a frame of a million records is not copied for nothing.
     frame = runnable if _in_input_order(runnable) else runnable.sort("_file", "_row")
     first = frame.select(pl.col(DIGEST).is_first_distinct() | pl.col(DIGEST).is_null()).to_series()
-    none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
     if first.all():  # no repeats: the originals are the frame itself
         return frame.drop(DIGEST).with_columns(none), frame.head(0).drop(DIGEST).with_columns(none)
     originals, copies = frame.filter(first), frame.filter(~first)
