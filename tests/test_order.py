@@ -236,3 +236,27 @@ def test_block_keys_cover_every_block_before_them():
     one, two = block_keys(list(range(10)), 4), block_keys([*range(8), 99, 98, 97, 96], 4)
     assert len(one) == 2 and one == two[:2] and len(two) == 3
     assert block_keys([5, *range(1, 8)], 4)[1] != one[1]  # a change in block 0 changes block 1
+
+
+def test_shared_depth_matches_counting_every_shared_key_by_hand():
+    """Level by level (only prompts still sharing are looked at) gives what counting, for
+    each prompt, the leading keys any other prompt also has gives."""
+    from collections import Counter
+
+    from nightshift.scheduling.sharing import chunk_keys, shared_depth
+
+    rng = random.Random(7)
+    stems = ["", "s" * 64, "s" * 200 + "t" * 64, "u" * 70]
+    texts = [
+        rng.choice(stems) + "".join(rng.choices("ab", k=rng.randint(0, 260))) for _ in range(300)
+    ]
+    texts += ["same start " * 30] * 3  # every key shared: the level's fast path
+    keys = chunk_keys(pl.Series(texts), 64)
+    seen = Counter(k for row in keys.to_list() for k in row)
+    expected = []
+    for row in keys.to_list():
+        depth = next((d for d, k in enumerate(row) if seen[k] < 2), len(row))
+        expected.append((depth, row[depth - 1] if depth else None))
+    got = shared_depth(keys)
+    assert list(zip(got["depth"].to_list(), got["node"].to_list(), strict=True)) == expected
+    assert max(d for d, _ in expected) >= 5 and min(d for d, _ in expected) == 0

@@ -297,3 +297,20 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     for record_id, blocks in zip(planned["record_id"], planned["blocks"], strict=True):
         assert len(blocks) >= 8  # the document's blocks at least
         assert blocks.to_list() == block_keys(by_id[record_id], block)[: len(blocks)]
+
+
+def test_shared_starts_encoded_a_slice_at_a_time_give_the_same_plan(
+    models, questions_input, tmp_path, monkeypatch
+):
+    """The nodes' shared starts are encoded ENCODE_BATCH at a time, to keep their token
+    ids from piling up at a million records; slices of two give the very same plan."""
+    from nightshift.scheduling import prefixes
+
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    encoder = load_encoder(spec)
+    whole = build_plan(spec, encoder, progress=False)
+    monkeypatch.setattr(prefixes, "ENCODE_BATCH", 2)
+    sliced = build_plan(spec, encoder, progress=False)
+    assert sliced.records.equals(whole.records)
+    assert sliced.prefix_reuse == whole.prefix_reuse
+    assert whole.prefix_reuse["shared_start_tokens"] > 0

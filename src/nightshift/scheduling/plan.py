@@ -190,6 +190,7 @@ def build_plan(
     ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
     # Over the prompts sent, as vLLM measures it: copies send nothing.
     predicted = reuse_share(ordered["predicted_cached"], ordered["tokens"])
+    ordered = ordered.select([*RECORD_KEYS, "predicted_cached"])  # the order's keys are done
     ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
         "predicted": predicted,
@@ -202,7 +203,7 @@ def build_plan(
         dataset=dataset,
         columns=columns,
         input_records=input_records,
-        records=ordered.select([*RECORD_KEYS, "predicted_cached"]),
+        records=ordered,
         rejects=rejects,
         prefix_reuse=reuse,
         exact_records=measurer.exact_records,

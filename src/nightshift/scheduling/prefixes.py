@@ -53,23 +53,20 @@ def shared_blocks(
         if row["members"] > 1:
             shared = row["depth"] * chunk + common_length(row["lowest"], row["highest"])
         nodes.append(row["node"])
-        prefixes.append(cut_pieces(firsts[row["node"]], shared))
+        prefixes.append(cut_pieces(firsts.pop(row["node"]), shared))
         shared_by_many.append(row["members"] > 1)
-    encoder = measurer.encoder
-    encoded = encoder.encode_pieces(
-        [word_pieces(p) for p in prefixes] if encoder.composes else prefixes
+    blocks, tokens, many_tokens = _encode_shared_starts(
+        measurer, prefixes, shared_by_many, block_size
     )
     # The longest start two or more prompts share, in tokens: under one KV block, the
     # prefix cache (whole blocks only) reuses nothing, and the plan says why.
-    measurer.shared_start_tokens = max(
-        (len(ids) for ids, many in zip(encoded, shared_by_many, strict=True) if many), default=0
-    )
+    measurer.shared_start_tokens = many_tokens
     table = pl.DataFrame(
         {
             "node": nodes,
-            "blocks": [block_keys(ids, block_size) for ids in encoded],
+            "blocks": blocks,
             "_shared_bytes": [sum(len(p.encode()) for p in cut) for cut in prefixes],
-            "_shared_tokens": [len(ids) for ids in encoded],
+            "_shared_tokens": tokens,
             "_shared_whole": [cut[-1] != "" for cut in prefixes],
         },
         schema={
@@ -82,6 +79,32 @@ def shared_blocks(
     )
     runnable = runnable.join(table, on="node", how="left").drop("depth", "node")
     return measurer.refine(runnable)
+
+
+ENCODE_BATCH = 4096  # shared starts encoded at once: their ids are kept only as block keys
+
+
+def _encode_shared_starts(
+    measurer: RecordMeasurer,
+    prefixes: list[list[str]],
+    shared_by_many: list[bool],
+    block_size: int,
+) -> tuple[list[list[int]], list[int], int]:
+    """Per shared start (its pieces): its block keys and its length in tokens, and the
+    longest that two or more prompts share. A slice at a time: the ids of every node at
+    once are a hundred tokens each for a hundred thousand nodes, as Python ints."""
+    encoder = measurer.encoder
+    blocks, tokens, many_tokens = [], [], 0
+    for at in range(0, len(prefixes), ENCODE_BATCH):
+        part = prefixes[at : at + ENCODE_BATCH]
+        encoded = encoder.encode_pieces(
+            [word_pieces(p) for p in part] if encoder.composes else part
+        )
+        for ids, many in zip(encoded, shared_by_many[at : at + ENCODE_BATCH], strict=True):
+            blocks.append(block_keys(ids, block_size))
+            tokens.append(len(ids))
+            many_tokens = max(many_tokens, len(ids)) if many else many_tokens
+    return blocks, tokens, many_tokens
 
 
 def _next_chunks(
