@@ -60,8 +60,19 @@ def request_ids(batch_key: str, custom_id: str | None, line: int) -> dict[str, s
     return {"line": f"batch_req_{digest}", "request": f"req_{digest}", "body": digest}
 
 
+_PARSED = "\0choices"  # a row's choices once read: a line's shape reads them up to 3 times
+
+
 def choices(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The answer's choices: the run's ``detail`` (n, logprobs), or its one text."""
+    """The answer's choices: the run's ``detail`` (n, logprobs), or its one text. Read
+    once per row (kept in it under a key no column has), not once per use."""
+    made = row.get(_PARSED)
+    if made is None:
+        made = row[_PARSED] = _choices(row)
+    return made
+
+
+def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
     detail = row.get("detail")
     if detail:
         return json.loads(detail)["choices"]
@@ -84,7 +95,10 @@ _SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "
 
 
 def dumps(line: dict[str, Any]) -> str:
-    return json.dumps(line, ensure_ascii=False).translate(_SEPARATORS) + "\n"
+    text = json.dumps(line, ensure_ascii=False)
+    if "\u2028" in text or "\u2029" in text or "\x85" in text:  # rare: a scan, not a rewrite
+        text = text.translate(_SEPARATORS)
+    return text + "\n"
 
 
 def bad_line_answer(bad: BadLine) -> Answer:
