@@ -193,3 +193,29 @@ def test_a_failure_reading_the_answers_is_not_called_a_failure_writing_output(tm
             CTX, "openai", answers(), str(tmp_path / "o.jsonl"), str(tmp_path / "e.jsonl")
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_row_read_for_its_choices_writes_the_same_line_every_time():
+    """A line's shape reads its row's choices up to three times, parsed once and kept in
+    the row: nothing of that shows in the line, and a second write is byte-identical."""
+    from nightshift.batch.results import choices, dumps
+    from nightshift.batch.shapes import openai_text
+
+    detail = {"choices": [{"text": "a\u2028b", "finish_reason": "stop", "stop_sequence": None,
+                           "output_tokens": 2, "logprobs": None}]}  # fmt: skip
+    row = ok_row() | {"detail": json.dumps(detail)}
+    first = openai_text(CTX, "a", 1, "tiny", Answer(True, row))
+    assert choices(row) is choices(row) and choices(row)[0]["text"] == "a\u2028b"
+    assert openai_text(CTX, "a", 1, "tiny", Answer(True, row)) == first
+    assert "choices\\u0000" not in first and "\\u0000choices" not in first
+    assert "\u2028" not in first and "a\\u2028b" in first  # escaped: JSONL readers split there
+    body = ChatCompletion.model_validate(json.loads(first)["response"]["body"])
+    assert body.choices[0].message.content == "a\u2028b"
+    plain = {"k": "é \x85 \u2029"}
+    assert (
+        dumps(plain)
+        == json.dumps(plain, ensure_ascii=False).translate(
+            str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+        )
+        + "\n"
+    )
