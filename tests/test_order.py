@@ -238,12 +238,17 @@ def test_block_keys_cover_every_block_before_them():
     assert block_keys([5, *range(1, 8)], 4)[1] != one[1]  # a change in block 0 changes block 1
 
 
-def test_shared_depth_matches_counting_every_shared_key_by_hand():
-    """Level by level (only prompts still sharing are looked at) gives what counting, for
-    each prompt, the leading keys any other prompt also has gives."""
+@pytest.mark.parametrize("at_once", [0, 40, 1 << 20])
+def test_shared_depth_matches_counting_every_shared_key_by_hand(at_once, monkeypatch):
+    """Level by level (only prompts still sharing are looked at), all keys at once, or
+    levels first and then the rest at once: each gives what counting, for each prompt,
+    the leading keys any other prompt also has gives."""
     from collections import Counter
 
+    from nightshift.scheduling import sharing
     from nightshift.scheduling.sharing import chunk_keys, shared_depth
+
+    monkeypatch.setattr(sharing, "AT_ONCE_KEYS", at_once)
 
     rng = random.Random(7)
     stems = ["", "s" * 64, "s" * 200 + "t" * 64, "u" * 70]

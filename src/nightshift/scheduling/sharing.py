@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -87,38 +88,78 @@ def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
     return pl.Series(texts.name, lists)
 
 
+AT_ONCE_KEYS = 1 << 20  # keys left below which shared_depth takes the rest in one pass
+
+
 def shared_depth(chunks: pl.Series) -> pl.DataFrame:
     """Per prompt (its ``chunk_keys``): ``depth``, how many leading chunks another prompt
     also starts with, and ``node``, its key at that depth (null at depth 0).
 
-    One level at a time: a key covers every chunk before it (and its place), so only a
-    prompt whose first k keys are all shared can share key k, and only with another such
-    prompt. Each level looks at one key of the prompts still sharing, never at every key
-    of every prompt at once (13 keys a short ticket: 100 MB at a million records)."""
+    A key covers every chunk before it (and its place), so only a prompt whose first k
+    keys are all shared can share key k, and only with another such prompt. While the
+    prompts still sharing hold many keys (13 a short ticket: 100 MB at a million), one
+    level is looked at a time, never every key at once; the last ``AT_ONCE_KEYS`` are
+    looked at together (a few prompts sharing a long document go thousands of levels
+    deep, and a level is a polars call)."""
     counts = chunks.list.len().fill_null(0).to_numpy().astype(np.int64)
     lists = chunks.rechunk().to_arrow()
     lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
-    offsets = lists.offsets.to_numpy(zero_copy_only=False).astype(np.int64)[:-1]
-    values = lists.values.to_numpy(zero_copy_only=False)
-    depth = np.zeros(len(counts), dtype=np.uint32)
-    node = np.zeros(len(counts), dtype=np.uint64)
+    keys = _Keys(
+        offsets=lists.offsets.to_numpy(zero_copy_only=False).astype(np.int64)[:-1],
+        values=lists.values.to_numpy(zero_copy_only=False),
+        counts=counts,
+        depth=np.zeros(len(counts), dtype=np.uint32),
+        node=np.zeros(len(counts), dtype=np.uint64),
+    )
     sharing, level = np.flatnonzero(counts > 0), 0
     while len(sharing) > 1:
-        keys = values[offsets[sharing] + level]
-        if (keys == keys[0]).all():  # a common start: every prompt still shares
-            kept = sharing
-        else:
-            kept = sharing[pl.Series(keys).is_duplicated().to_numpy()]
-            keys = values[offsets[kept] + level]
-        depth[kept], node[kept] = level + 1, keys
+        if int(counts[sharing].sum()) - level * len(sharing) <= AT_ONCE_KEYS:
+            keys.the_rest(sharing, level)
+            break
+        sharing = keys.one_level(sharing, level)
         level += 1
-        sharing = kept[counts[kept] > level]
     return pl.DataFrame(
         {
-            "depth": depth,
-            "node": pl.Series(node, dtype=pl.UInt64).set(pl.Series(depth == 0), None),
+            "depth": keys.depth,
+            "node": pl.Series(keys.node, dtype=pl.UInt64).set(pl.Series(keys.depth == 0), None),
         }
     )
+
+
+class _Keys(NamedTuple):
+    """Every prompt's chunk keys (flat ``values``, each prompt's ``offsets`` and
+    ``counts``), and the ``depth`` and ``node`` found so far."""
+
+    offsets: np.ndarray
+    values: np.ndarray
+    counts: np.ndarray
+    depth: np.ndarray
+    node: np.ndarray
+
+    def one_level(self, sharing: np.ndarray, level: int) -> np.ndarray:
+        """Which of ``sharing`` (prompts whose first ``level`` keys are all shared) share
+        key ``level`` too, and have another after it."""
+        at = self.values[self.offsets[sharing] + level]
+        if (at == at[0]).all():  # a common start: every prompt still shares
+            kept = sharing
+        else:
+            kept = sharing[pl.Series(at).is_duplicated().to_numpy()]
+            at = self.values[self.offsets[kept] + level]
+        self.depth[kept], self.node[kept] = level + 1, at
+        return kept[self.counts[kept] > level + 1]
+
+    def the_rest(self, sharing: np.ndarray, level: int) -> None:
+        """Depth and node of ``sharing`` from key ``level`` on, over all their keys left
+        at once: a prompt's depth is where its first key no other prompt has stands."""
+        left = self.counts[sharing] - level  # one key or more each
+        firsts = np.cumsum(left) - left
+        local = np.arange(int(left.sum()), dtype=np.int64) - np.repeat(firsts, left)
+        at = self.values[np.repeat(self.offsets[sharing] + level, left) + local]
+        repeated = pl.Series(at).is_duplicated().to_numpy()
+        shared = np.minimum.reduceat(np.where(repeated, np.repeat(left, left), local), firsts)
+        deeper = shared > 0
+        self.depth[sharing[deeper]] = level + shared[deeper]
+        self.node[sharing[deeper]] = at[firsts[deeper] + shared[deeper] - 1]
 
 
 def common_length(lowest: bytes, highest: bytes) -> int:
