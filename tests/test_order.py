@@ -265,3 +265,14 @@ def test_shared_depth_matches_counting_every_shared_key_by_hand(at_once, monkeyp
     got = shared_depth(keys)
     assert list(zip(got["depth"].to_list(), got["node"].to_list(), strict=True)) == expected
     assert max(d for d, _ in expected) >= 5 and min(d for d, _ in expected) == 0
+
+
+def test_a_batch_of_empty_prompts_has_no_chunk_keys_and_shares_nothing():
+    """A read batch whose prompts all render empty (a raw template over empty fields)
+    was an IndexError that stopped the plan; now each has no key and depth 0."""
+    from nightshift.scheduling.sharing import chunk_keys, shared_depth
+
+    for texts in (["", ""], []):
+        keys = chunk_keys(pl.Series(texts, dtype=pl.String), 64)
+        assert keys.to_list() == [[] for _ in texts] and keys.dtype == pl.List(pl.UInt64)
+        assert shared_depth(keys)["depth"].to_list() == [0] * len(texts)

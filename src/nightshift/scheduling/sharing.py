@@ -81,7 +81,8 @@ def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
     with np.errstate(over="ignore"):
         mixed = _mix(hashed ^ (local.astype(np.uint64) * _GOLDEN))
         running = np.cumsum(mixed, dtype=np.uint64)  # wraps modulo 2**64, as meant
-        before = np.where(firsts > 0, running[np.maximum(firsts - 1, 0)], np.uint64(0))
+        ahead = running[np.maximum(firsts - 1, 0)] if total else np.zeros_like(firsts)
+        before = np.where(firsts > 0, ahead, np.uint64(0))  # every text empty: no key
         keys = running - np.repeat(before.astype(np.uint64), counts)
     list_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     lists = pa.LargeListArray.from_arrays(pa.array(list_offsets), pa.array(keys))
