@@ -314,3 +314,42 @@ def test_shared_starts_encoded_a_slice_at_a_time_give_the_same_plan(
     assert sliced.records.equals(whole.records)
     assert sliced.prefix_reuse == whole.prefix_reuse
     assert whole.prefix_reuse["shared_start_tokens"] > 0
+
+
+def test_the_cycle_collector_is_off_while_planning_and_as_it_was_after(
+    models, questions_input, tmp_path, monkeypatch
+):
+    """A plan of a million records made 17 full collections that found nothing; it runs
+    with the collector off, and leaves it as it found it, a failed plan too."""
+    import gc
+
+    from nightshift.scheduling import plan as planning
+
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    encoder = load_encoder(spec)
+    seen = []
+    measure = planning._measure_input
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "_measure_input", watched)
+    assert gc.isenabled()
+    build_plan(spec, encoder, progress=False)
+    assert seen == [False] and gc.isenabled()
+
+    def broken(*args, **kwargs):
+        raise OSError("input gone")
+
+    monkeypatch.setattr(planning, "_measure_input", broken)
+    with pytest.raises(OSError):
+        build_plan(spec, encoder, progress=False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(planning, "_measure_input", watched)
+        build_plan(spec, encoder, progress=False)
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()

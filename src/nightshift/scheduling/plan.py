@@ -10,7 +10,10 @@ output is in ``io.planstore``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +172,31 @@ def build_plan(
 ) -> Plan:
     """Plan every input record, except those whose id is in ``skip_ids`` (already
     planned in this output); shards are numbered from ``first_shard``."""
+    with collector_paused():
+        return _build_plan(spec, encoder, progress, skip_ids, first_shard)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while planning. A plan holds a batch's pieces and a
+    node's ids as Python objects, and makes no cycles: on a job of 1,000,000 records the
+    collector made 17 full passes over them, 0.3-0.5 s each, and collected nothing."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _build_plan(
+    spec: JobSpec,
+    encoder: PromptEncoder,
+    progress: bool,
+    skip_ids: KnownIds | None,
+    first_shard: int,
+) -> Plan:
     dataset, columns = open_job_input(spec)
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
