@@ -62,6 +62,13 @@ def _offsets(texts: pl.Series) -> tuple[pa.Array, np.ndarray]:
     return array, offsets[array.offset : array.offset + len(array) + 1]
 
 
+def _places(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For lists of ``counts`` items laid end to end: where each list starts, and each
+    item's place in its own list."""
+    firsts = np.cumsum(counts) - counts
+    return firsts, np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(firsts, counts)
+
+
 def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
     """Per text, one key per chunk of ``size`` bytes (the last may be shorter); the key
     at depth d covers chunks 1..d, so equal keys mean equal leading bytes."""
@@ -69,8 +76,7 @@ def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
     lengths = np.diff(offsets)
     counts = -(-lengths // size)
     total = int(counts.sum())
-    firsts = np.cumsum(counts) - counts
-    local = np.arange(total, dtype=np.int64) - np.repeat(firsts, counts)
+    firsts, local = _places(counts)
     starts = np.repeat(offsets[:-1], counts) + local * size
     ends = np.minimum(starts + size, np.repeat(offsets[1:], counts))
     bounds = np.append(starts, ends[-1] if total else offsets[0]).astype(np.int64)
@@ -153,8 +159,7 @@ class _Keys(NamedTuple):
         """Depth and node of ``sharing`` from key ``level`` on, over all their keys left
         at once: a prompt's depth is where its first key no other prompt has stands."""
         left = self.counts[sharing] - level  # one key or more each
-        firsts = np.cumsum(left) - left
-        local = np.arange(int(left.sum()), dtype=np.int64) - np.repeat(firsts, left)
+        firsts, local = _places(left)
         at = self.values[np.repeat(self.offsets[sharing] + level, left) + local]
         repeated = pl.Series(at).is_duplicated().to_numpy()
         shared = np.minimum.reduceat(np.where(repeated, np.repeat(left, left), local), firsts)
