@@ -251,7 +251,7 @@ def test_the_first_record_in_input_order_is_the_original(shuffled):
             DIGEST: pl.Series([b"x", b"y", b"x", None, b"y"], dtype=pl.Binary),
         }
     )
-    originals, copies = split_copies(keys.reverse() if shuffled else keys)
+    originals, copies = split_copies(keys.reverse() if shuffled else keys.clone())
     assert originals["record_id"].to_list() == ["a", "b", "d"]
     assert dict(copies.select("record_id", ANSWERED_FROM).iter_rows()) == {"c": "a", "e": "b"}
     alone, none = split_copies(keys.head(2))  # no repeats: nothing is a copy

@@ -123,7 +123,7 @@ def test_a_prefix_shared_inside_a_field_groups_like_a_whole_field():
     records = frame([f"r{i}" for i in range(6)], [40, 50, 30, 20, 45, 10], paths)
     levelled = prefix_levels(records, BLOCK)
     assert levelled["p0"].to_list() == [12] * 6  # shared by every record: always hot
-    ordered = order_records(levelled, BLOCK)["record_id"].to_list()
+    ordered = order_records(levelled.clone(), BLOCK)["record_id"].to_list()  # takes its input
     assert ordered == ["r1", "r4", "r2", "r0", "r3", "r5"]  # y (longest 45) before x (40)
     cached = predicted_cached(order_records(levelled, BLOCK), BLOCK, window=1)
     assert cached.to_list() == [0, 12, 16, 12, 16, 8]  # r5: 10 tokens, its last computed

@@ -28,6 +28,7 @@ from nightshift.jobs import columns
 from nightshift.jobs.sampling import SamplingColumn, deterministic, sampling_key
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import handler_for, sampling_for
+from nightshift.scheduling.frames import take_rows
 from nightshift.scheduling.render import Renderer
 
 DIGEST = "_prompt_digest"
@@ -90,18 +91,26 @@ def _digest(parts: tuple[str, ...]) -> bytes:
 
 
 def split_copies(runnable: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(originals, copies): copies carry ``answered_from``, their original's record_id."""
+    """(originals, copies): copies carry ``answered_from``, their original's record_id.
+    Takes ``runnable``: where it holds copies, the rows are moved out of it
+    (``scheduling.frames``: a plan's key frame is not held twice)."""
     none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
     if DIGEST not in runnable.columns:  # repeats are not merged in this job
         return runnable.with_columns(none), runnable.head(0).with_columns(none)
     # The first in input order is the original; the measurement's keys come in that
     # order already, and a frame of a million records is not copied for nothing.
-    frame = runnable if _in_input_order(runnable) else runnable.sort("_file", "_row")
+    frame = runnable
+    if not _in_input_order(runnable):
+        frame = take_rows(runnable, runnable.select(pl.arg_sort_by("_file", "_row")).to_series())
     first = frame.select(pl.col(DIGEST).is_first_distinct() | pl.col(DIGEST).is_null()).to_series()
     if first.all():  # no repeats: the originals are the frame itself
         return frame.drop(DIGEST).with_columns(none), frame.head(0).drop(DIGEST).with_columns(none)
-    originals, copies = frame.filter(first), frame.filter(~first)
+    copies = frame.filter(~first)
+    originals = take_rows(frame, first)
+    # Only the originals that have copies are looked up: a join against every original
+    # hashes them all, and was the plan's peak at a million records.
     lookup = originals.select(DIGEST, pl.col("record_id").alias(ANSWERED_FROM))
+    lookup = lookup.filter(pl.col(DIGEST).is_in(copies[DIGEST].unique().implode()))
     copies = copies.join(lookup, on=DIGEST, how="left")
     return originals.drop(DIGEST).with_columns(none), copies.drop(DIGEST)
 

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from nightshift.scheduling.adapters import ADAPTER
+from nightshift.scheduling.frames import attach, take_rows
 
 
 def level_names(levels: int) -> tuple[list[str], list[str]]:
@@ -91,7 +92,7 @@ def prefix_levels(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
             for j in range(1, count + 1)
             for c in "hp"
         ]
-        frame = frame.join(wide.select("_leaf", *columns), on="_leaf", how="left")
+        frame = attach(frame, wide.select("_leaf", *columns), "_leaf")
         frame = frame.select(
             *(c for c in frame.columns if c not in names.values()),
             *(f"{c}{j}" for j in range(1, count + 1) for c in "hp"),
@@ -105,26 +106,25 @@ def order_records(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
     long prompts start early; ties are broken by group key, then by id, so the order is
     a pure function of the records.
 
-    Adds the levels (``prefix_levels``, unless present) and ``position``.
+    Adds the levels (``prefix_levels``, unless present) and ``position``. Takes
+    ``records`` when it has its levels: its rows are moved into the order
+    (``scheduling.frames``), so the plan's records are not held twice.
     """
     frame = records if "p0" in records.columns else prefix_levels(records, block_size)
-    levels = level_count(frame)
-    by: list[str] = []
+    by: list[pl.Expr] = []
     descending: list[bool] = []
-    for j in range(1, levels + 1):
+    for j in range(1, level_count(frame) + 1):
         # A record in no group at this depth is a sibling of its own length.
         longest = pl.col("tokens").max().over(f"h{j}")
         longest = pl.when(pl.col(f"h{j}").is_null()).then(pl.col("tokens")).otherwise(longest)
-        frame = frame.with_columns(longest.alias(f"_longest{j}"))
-        by += [f"_longest{j}", f"h{j}"]
+        by += [longest, pl.col(f"h{j}")]
         descending += [True, False]
-    by += ["tokens", "record_id"]
+    by += [pl.col("tokens"), pl.col("record_id")]
     descending += [True, False]
     if ADAPTER in frame.columns:  # one adapter's records, then the next's (base last)
-        by, descending = [ADAPTER, *by], [False, *descending]
-    ordered = frame.sort(by, descending=descending, nulls_last=True)
-    ordered = ordered.drop([f"_longest{j}" for j in range(1, levels + 1)])
-    return ordered.with_row_index("position")
+        by, descending = [pl.col(ADAPTER), *by], [False, *descending]
+    at = frame.select(pl.arg_sort_by(by, descending=descending, nulls_last=True)).to_series()
+    return take_rows(frame, at).with_row_index("position")
 
 
 def prefix_group(levels: int) -> pl.Expr:

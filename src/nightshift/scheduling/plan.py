@@ -47,6 +47,7 @@ from nightshift.scheduling.dedup import (
     split_copies,
     with_digests,
 )
+from nightshift.scheduling.frames import give_back_freed, take_rows
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
@@ -201,18 +202,22 @@ def _build_plan(
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
     keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
+    give_back_freed()  # the read batches' working set
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     input_records, rejects, runnable = _set_rejects_apart(keys)
     del keys  # memory is tight: from here the frames are copies of the runnable records
     # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
     runnable, copies = split_copies(runnable)
     copies = copies.drop("_chunks")  # only originals' chunks count
+    give_back_freed()
     runnable = shared_blocks(dataset, columns, measurer, runnable, block)
-    runnable = prefix_levels(runnable, block)
+    give_back_freed()
+    runnable = prefix_levels(runnable, block).drop("blocks")  # the levels hold the order's keys
     window = _cache_window(spec, runnable)
     input_order = reuse_share(predicted_cached(runnable, block, window), runnable["tokens"])
     ordered = order_records(runnable, block)
     del runnable  # the order is a copy of it
+    give_back_freed()
     ordered = cut_shards(ordered, spec.plan.shard_records, spec.plan.shard_tokens)
     ordered = ordered.with_columns(pl.col("shard") + first_shard)
     ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
@@ -239,12 +244,14 @@ def _build_plan(
 
 
 def _set_rejects_apart(keys: pl.DataFrame) -> tuple[int, pl.DataFrame, pl.DataFrame]:
-    """(input records, rejects, runnable records); where none is rejected (the common
-    case) the runnable records are ``keys`` itself, not a copy."""
-    rejected = pl.col("reject_kind").is_not_null()
+    """(input records, rejects, runnable records). Takes ``keys``: the runnable records
+    are moved out of it (``scheduling.frames``), or are ``keys``' own columns where none
+    is rejected (the common case)."""
+    rejected = keys["reject_kind"].is_not_null()
     rejects = keys.filter(rejected).select("_file", "_row", "record_id", "reject_kind", "reason")
-    runnable = keys.filter(~rejected) if rejects.height else keys
-    return keys.height, rejects, runnable
+    input_records = keys.height
+    runnable = take_rows(keys, ~rejected) if rejects.height else keys
+    return input_records, rejects, runnable.drop("reject_kind", "reason")  # null in all
 
 
 def _measure_input(

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from nightshift.io.inputs import READ_BATCH, file_batches
+from nightshift.scheduling.frames import attach
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.render import prompt_text
 from nightshift.scheduling.sharing import (
@@ -37,13 +38,32 @@ def shared_blocks(
     runnable: pl.DataFrame,
     block_size: int,
 ) -> pl.DataFrame:
-    """``runnable`` (with ``_chunks``) with ``blocks`` in place of ``_chunks``."""
-    where = shared_depth(runnable["_chunks"]).with_columns(pl.col("node").fill_null(ROOT))
-    runnable = runnable.drop("_chunks").with_columns(where)
+    """``runnable`` (with ``_chunks``) with ``blocks`` in place of ``_chunks``. Takes
+    ``_chunks`` out of ``runnable``: more than half a plan's keys, freed once read."""
+    # One piece per read batch until here: made one here, so shared_depth's own copy
+    # is none and the batches' pieces are freed before it starts.
+    where = shared_depth(runnable.drop_in_place("_chunks").rechunk())
+    runnable = runnable.with_columns(where["depth"], where["node"].fill_null(ROOT))
     ends, firsts = _next_chunks(dataset, columns, measurer, runnable)
+    table = _node_table(measurer, ends, firsts, runnable.height > 1, block_size)
+    runnable = attach(runnable, table, "node").drop("depth", "node")
+    return measurer.refine(runnable)
+
+
+def _node_table(
+    measurer: RecordMeasurer,
+    ends: pl.DataFrame,
+    firsts: dict[int, list[str]],
+    many: bool,
+    block_size: int,
+) -> pl.DataFrame:
+    """Per node (the root first: every prompt's common start, shared by ``many``), its
+    shared start's block keys, bytes and tokens, and whether it is a whole prompt. Its
+    own function, so the starts' pieces and ids (Python objects, a few hundred bytes a
+    node) are freed before the records are joined to it."""
     chunk = measurer.chunk
     nodes, prefixes = [ROOT], [measurer.common_start()]
-    shared_by_many = [runnable.height > 1]  # the common start is shared by all of them
+    shared_by_many = [many]
     for row in ends.iter_rows(named=True):
         # Members of a node share its blocks, so they are cut where all of them still
         # agree. A node's only member may share more with records that go deeper: its
@@ -61,7 +81,7 @@ def shared_blocks(
     # The longest start two or more prompts share, in tokens: under one KV block, the
     # prefix cache (whole blocks only) reuses nothing, and the plan says why.
     measurer.shared_start_tokens = many_tokens
-    table = pl.DataFrame(
+    return pl.DataFrame(
         {
             "node": nodes,
             "blocks": blocks,
@@ -77,8 +97,6 @@ def shared_blocks(
             "_shared_whole": pl.Boolean,
         },
     )
-    runnable = runnable.join(table, on="node", how="left").drop("depth", "node")
-    return measurer.refine(runnable)
 
 
 ENCODE_BATCH = 4096  # shared starts encoded at once: their ids are kept only as block keys

@@ -1,0 +1,57 @@
+"""scheduling.frames: whole-frame steps that move a plan's keys instead of copying them."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from nightshift.scheduling.frames import attach, take_rows
+
+
+def keys() -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "record_id": ["a", "b", "c", "d"],
+            "tokens": [5, 9, 2, 7],
+            "blocks": [[1, 2], [1], None, [3, 4, 5]],
+            "node": pl.Series([7, 0, 7, 9], dtype=pl.UInt64),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        pl.Series([True, False, True, True]),
+        pl.Series([3, 0, 2], dtype=pl.UInt32),
+        pl.Series([], dtype=pl.Boolean).extend_constant(False, 4),
+    ],
+)
+def test_take_rows_gives_the_rows_and_leaves_the_frame_it_was_given_empty(rows):
+    frame, expected = keys(), keys()
+    expected = expected.filter(rows) if rows.dtype == pl.Boolean else expected[rows]
+    taken = take_rows(frame, rows)
+    assert_frame_equal(taken, expected)
+    assert frame.width == 0  # moved out, not copied: the caller's name holds nothing
+
+
+def test_a_frame_left_as_it_was_when_a_clone_is_taken():
+    frame = keys()
+    take_rows(frame.clone(), pl.Series([1, 0], dtype=pl.UInt32))
+    assert_frame_equal(frame, keys())
+
+
+def test_attach_is_a_left_join_in_the_frame_order_with_null_where_nothing_matches():
+    table = pl.DataFrame(
+        {
+            "node": pl.Series([9, 7, 4], dtype=pl.UInt64),
+            "shared": [[10, 11], [12], [13]],
+            "whole": [True, False, True],
+        }
+    )
+    frame = keys().with_columns(pl.Series("node", [7, 0, None, 9], dtype=pl.UInt64))
+    joined = attach(frame, table, "node")
+    assert_frame_equal(joined, frame.join(table, on="node", how="left", maintain_order="left"))
+    assert joined["shared"].to_list() == [[12], None, None, [10, 11]]
+    assert frame.columns == ["record_id", "tokens", "blocks", "node"]  # untouched
