@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from nightshift.errors import InputError, SpecError
+from nightshift.memory import give_back_freed
 
 _GLOB_CHARS = set("*?[")
 READ_BATCH = 32_768  # records per input batch: big enough to vectorise, small enough to hold
@@ -152,7 +153,9 @@ def file_batches(
     one = ds.dataset(
         dataset.files[index], schema=dataset.schema, format="parquet", filesystem=dataset.filesystem
     )
-    yield from read_batches(one, columns, batch_rows)
+    for batch in read_batches(one, columns, batch_rows):
+        yield batch
+        give_back_freed()  # what the batch before left: a pass holds one batch's worth
 
 
 def write_records(

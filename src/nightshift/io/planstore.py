@@ -55,6 +55,7 @@ from nightshift.faults import crash_point
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.shardstore import shard_name
+from nightshift.memory import give_back_freed
 
 
 class Plan(Protocol):
@@ -233,6 +234,7 @@ def _copy_shard_inputs(plan: Plan, root: Path) -> None:
         _route_file(plan, index, targets, held, pieces)
     for shard in plan.shards:
         _write_shard(plan, shard, sorted((pieces / f"{shard:05d}").glob("*.parquet")), root)
+        give_back_freed()  # memory holds one shard at a time
     _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
     shutil.rmtree(pieces, ignore_errors=True)
 

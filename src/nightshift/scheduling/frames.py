@@ -12,9 +12,6 @@ small table's columns by a key without copying the frame's own.
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable
-
 import polars as pl
 
 _AT = "_attach_row"
@@ -35,21 +32,3 @@ def attach(frame: pl.DataFrame, table: pl.DataFrame, on: str) -> pl.DataFrame:
     at = frame.select(on).join(keys, on=on, how="left", maintain_order="left")[_AT]
     return frame.with_columns(table.drop(on).select(pl.all().gather(at)))
 
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's
-    except (OSError, AttributeError):  # another C library: nothing to call
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
-def give_back_freed() -> None:
-    """Hand the C heap's freed pages back to the system, between plan steps. glibc keeps
-    what a step freed (its threshold for returning big blocks at once rises as big blocks
-    are freed), and the next step's peak sat on top of it: 0.1-0.16 GiB at a million
-    records. A no-op where the C library has no ``malloc_trim``."""
-    if _TRIM is not None:
-        _TRIM(0)

@@ -39,6 +39,7 @@ from nightshift.jobs.modelcheck import check_model_source
 from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
+from nightshift.memory import give_back_freed
 from nightshift.scheduling.dedup import (
     ANSWERED_FROM,
     dedup_applies,
@@ -47,7 +48,7 @@ from nightshift.scheduling.dedup import (
     split_copies,
     with_digests,
 )
-from nightshift.scheduling.frames import give_back_freed, take_rows
+from nightshift.scheduling.frames import take_rows
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
@@ -202,7 +203,6 @@ def _build_plan(
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
     keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
-    give_back_freed()  # the read batches' working set
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     input_records, rejects, runnable = _set_rejects_apart(keys)
     del keys  # memory is tight: from here the frames are copies of the runnable records

@@ -1,4 +1,4 @@
-"""scheduling.frames: whole-frame steps that move a plan's keys instead of copying them."""
+"""A plan's memory: frames moved, not copied (scheduling.frames), and freed memory given back."""
 
 from __future__ import annotations
 
@@ -55,3 +55,21 @@ def test_attach_is_a_left_join_in_the_frame_order_with_null_where_nothing_matche
     assert_frame_equal(joined, frame.join(table, on="node", how="left", maintain_order="left"))
     assert joined["shared"].to_list() == [[12], None, None, [10, 11]]
     assert frame.columns == ["record_id", "tokens", "blocks", "node"]  # untouched
+
+
+def test_reading_input_hands_freed_memory_back_after_each_batch(tmp_path, monkeypatch):
+    """A pass over the input holds one batch's worth: the allocators are asked to give back
+    what each used batch freed (nightshift.memory), not only at the end."""
+    import pyarrow.parquet as pq
+
+    from nightshift.io import inputs
+
+    pq.write_table(pl.DataFrame({"id": list(range(10))}).to_arrow(), tmp_path / "a.parquet")
+    calls = []
+    monkeypatch.setattr(inputs, "give_back_freed", lambda: calls.append(len(seen)))
+    seen = []
+    dataset = inputs.open_input(str(tmp_path / "a.parquet"))
+    for batch in inputs.file_batches(dataset, 0, ["id"], 4):
+        seen.append(batch.num_rows)
+    assert seen == [4, 4, 2]
+    assert calls == [1, 2, 3]  # after each batch was used, before the next was read
