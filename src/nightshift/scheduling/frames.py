@@ -31,4 +31,3 @@ def attach(frame: pl.DataFrame, table: pl.DataFrame, on: str) -> pl.DataFrame:
     keys = table.select(on).with_row_index(_AT)
     at = frame.select(on).join(keys, on=on, how="left", maintain_order="left")[_AT]
     return frame.with_columns(table.drop(on).select(pl.all().gather(at)))
-
