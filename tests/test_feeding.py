@@ -150,3 +150,41 @@ def test_shards_submitted_in_any_order_are_fed_in_the_announced_one(order):
     assert sorted(f.result(timeout=10) for f in futures) == [0, 1, 2]
     loop.close()
     assert taken == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_what_exists_when_the_feed_starts_is_out_of_the_collector_s_sight_until_it_ends(fails):
+    """The cycle collector's full passes skip the objects alive when feeding starts (they
+    walked them all again every 15-20 s at a million records); they are let back in when
+    the feed ends, however it ends."""
+    import gc
+
+    from nightshift.running.feeding import FeedingLoop
+
+    frozen: list[int] = []
+
+    class Runner:
+        on_settled = None
+        failures: dict = {}
+        stopped: set = set()
+        lost: set = set()
+
+        def feed_shards(self, queue, engines):
+            frozen.append(gc.get_freeze_count())
+            while (shard := queue.take(wait=None)) is not None:
+                if fails:
+                    raise RuntimeError("the engine died")
+                self.on_settled(shard)
+
+    assert gc.get_freeze_count() == 0
+    loop = FeedingLoop(Runner(), engines=None)
+    loop.expect([0])
+    future = loop.submit(0)
+    if fails:
+        with pytest.raises(RuntimeError):
+            future.result(timeout=10)
+    else:
+        assert future.result(timeout=10) == 0
+    loop.close()
+    assert frozen and frozen[0] > 1000  # imports alone are many thousands of objects
+    assert gc.get_freeze_count() == 0

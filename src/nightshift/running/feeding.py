@@ -13,7 +13,10 @@ Prefect cancellation) ends the loop early: every shard not committed settles wit
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 
 from nightshift.errors import LeaseLostError, NightshiftError, RunStoppedError, ShardAttemptFailed
@@ -72,7 +75,8 @@ class FeedingLoop:
 
     def _feed(self) -> None:
         try:
-            self.runner.feed_shards(self.queue, self.engines)
+            with collector_skips_what_exists():
+                self.runner.feed_shards(self.queue, self.engines)
         except BaseException as exc:  # a job-level stop (lease lost, all failing): tell all
             with self._lock:
                 self.error = exc
@@ -101,3 +105,16 @@ class FeedingLoop:
                 self.error = NightshiftError(f"the feeding loop ended before {sorted(left)}")
         for future in left.values():
             future.set_exception(self.error)
+
+
+@contextlib.contextmanager
+def collector_skips_what_exists() -> Iterator[None]:
+    """Everything alive when the feed starts (imports, Prefect, the plan's keys) is kept
+    out of the cycle collector's full passes while it runs (``gc.freeze``): each pass
+    walked all of it again, 0.3-0.5 s every 15-20 s at a million records, and found
+    nothing. Let back in after, so a process that runs job after job frees as before."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
