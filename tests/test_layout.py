@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "nightshift"
 
 # Earlier stages first; a package may import only packages to its left (and itself).
 LAYERS = [
-    {"errors", "faults", "console", "intervals"},
+    {"errors", "faults", "console", "intervals", "memory"},
     {"io", "engines"},
     {"capacity"},
     {"jobs"},
