@@ -18,7 +18,7 @@ import pyarrow as pa
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL(None).malloc_trim  # glibc's
-    except (OSError, AttributeError):  # another C library: nothing to call
+    except (OSError, AttributeError, TypeError):  # another C library (Windows: TypeError)
         return None
 
 

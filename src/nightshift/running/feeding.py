@@ -112,9 +112,12 @@ def collector_skips_what_exists() -> Iterator[None]:
     """Everything alive when the feed starts (imports, Prefect, the plan's keys) is kept
     out of the cycle collector's full passes while it runs (``gc.freeze``): each pass
     walked all of it again, 0.3-0.5 s every 15-20 s at a million records, and found
-    nothing. Let back in after, so a process that runs job after job frees as before."""
+    nothing. Let back in after, so a process that runs job after job frees as before;
+    left frozen where something else (another feed, the host) had frozen them first."""
+    frozen_already = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_already:
+            gc.unfreeze()

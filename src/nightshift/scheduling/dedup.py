@@ -92,8 +92,8 @@ def _digest(parts: tuple[str, ...]) -> bytes:
 
 def split_copies(runnable: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(originals, copies): copies carry ``answered_from``, their original's record_id.
-    Takes ``runnable``: where it holds copies, the rows are moved out of it
-    (``scheduling.frames``: a plan's key frame is not held twice)."""
+    Takes ``runnable``: do not use it afterwards (where it holds copies its rows are
+    moved out of it, ``scheduling.frames``: a plan's key frame is not held twice)."""
     none = pl.lit(None, dtype=runnable.schema["record_id"]).alias(ANSWERED_FROM)
     if DIGEST not in runnable.columns:  # repeats are not merged in this job
         return runnable.with_columns(none), runnable.head(0).with_columns(none)

@@ -107,8 +107,8 @@ def order_records(records: pl.DataFrame, block_size: int) -> pl.DataFrame:
     a pure function of the records.
 
     Adds the levels (``prefix_levels``, unless present) and ``position``. Takes
-    ``records`` when it has its levels: its rows are moved into the order
-    (``scheduling.frames``), so the plan's records are not held twice.
+    ``records``: do not use it afterwards (when it has its levels its rows are moved
+    into the order, ``scheduling.frames``, so the plan's records are not held twice).
     """
     frame = records if "p0" in records.columns else prefix_levels(records, block_size)
     by: list[pl.Expr] = []
