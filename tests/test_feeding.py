@@ -127,18 +127,22 @@ def test_the_flow_feeds_the_shards_in_plan_order_without_a_break(
     assert [len(w) for w in windows[:-1]] == [8] * (len(windows) - 1)
 
 
+class StubRunner:
+    """What FeedingLoop reads of a ShardRunner besides ``feed_shards``."""
+
+    on_settled = None
+    failures: dict = {}
+    stopped: set = set()
+    lost: set = set()
+
+
 @pytest.mark.parametrize("order", [[2, 0, 1], [1, 2, 0]])
 def test_shards_submitted_in_any_order_are_fed_in_the_announced_one(order):
     from nightshift.running.feeding import FeedingLoop
 
     taken: list[int] = []
 
-    class Runner:
-        on_settled = None
-        failures: dict = {}
-        stopped: set = set()
-        lost: set = set()
-
+    class Runner(StubRunner):
         def feed_shards(self, queue, engines):
             while (shard := queue.take(wait=None)) is not None:
                 taken.append(shard)
@@ -163,12 +167,7 @@ def test_what_exists_when_the_feed_starts_is_out_of_the_collector_s_sight_until_
 
     frozen: list[int] = []
 
-    class Runner:
-        on_settled = None
-        failures: dict = {}
-        stopped: set = set()
-        lost: set = set()
-
+    class Runner(StubRunner):
         def feed_shards(self, queue, engines):
             frozen.append(gc.get_freeze_count())
             while (shard := queue.take(wait=None)) is not None:
