@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -73,3 +78,43 @@ def test_reading_input_hands_freed_memory_back_after_each_batch(tmp_path, monkey
         seen.append(batch.num_rows)
     assert seen == [4, 4, 2]
     assert calls == [1, 2, 3]  # after each batch was used, before the next was read
+
+
+_FREED = """
+import os, sys
+import nightshift  # before polars, as every nightshift command imports it
+import polars as pl
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+before = rss()
+frame = pl.Series(range(20_000_000)) * 2  # 160 MB, and as much again while made
+grown = rss() - before
+del frame
+print(os.environ["_RJEM_MALLOC_CONF"], grown, rss() - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
+def test_what_polars_frees_goes_back_to_the_system_at_once(tmp_path):
+    """Polars' allocator (jemalloc) would keep what is freed for ten seconds, and a plan's
+    steps free hundreds of MB a second: nightshift has it hand pages back at once."""
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    shown = subprocess.run(
+        [sys.executable, "-c", _FREED], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    conf, grown, left = shown[0], int(shown[1]), int(shown[2])
+    assert conf == "dirty_decay_ms:0"
+    assert grown > 100 * 2**20  # the frame was there
+    assert left < grown / 4  # and is gone
+
+
+def test_an_allocator_setting_the_user_made_is_kept():
+    env = {**os.environ, "_RJEM_MALLOC_CONF": "dirty_decay_ms:5000"}
+    code = "import os, nightshift; print(os.environ['_RJEM_MALLOC_CONF'])"
+    shown = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == "dirty_decay_ms:5000"

@@ -316,6 +316,48 @@ def test_shared_starts_encoded_a_slice_at_a_time_give_the_same_plan(
     assert whole.prefix_reuse["shared_start_tokens"] > 0
 
 
+def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
+    models, questions_input, tmp_path, monkeypatch
+):
+    """Each node's members, smallest and largest next chunk and first member (input
+    order) are merged read batch by read batch; the first members are read again for
+    the shared starts. Two records at a time, the nodes and the plan are those of one
+    batch."""
+    from nightshift.scheduling import prefixes
+    from nightshift.scheduling.kvcache import block_size
+    from nightshift.scheduling.measure import RecordMeasurer
+    from nightshift.scheduling.plan import _measure_input, open_job_input
+    from nightshift.scheduling.sharing import shared_depth
+
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    encoder, block = load_encoder(spec), block_size(spec)
+    dataset, columns = open_job_input(spec)
+    measurer = RecordMeasurer(spec, encoder, block)
+    keys = _measure_input(dataset, columns, measurer, False, None)
+    runnable = keys.with_columns(shared_depth(keys["_chunks"]))
+
+    def nodes() -> pl.DataFrame:
+        return prefixes._next_chunks(dataset, columns, measurer, runnable).sort("node")
+
+    whole, plan = nodes(), build_plan(spec, encoder, progress=False)
+    monkeypatch.setattr(prefixes, "READ_BATCH", 2)
+    assert nodes().equals(whole)
+    assert whole["members"].sum() == (runnable["depth"] > 0).sum()
+    assert (whole["members"] > 1).any() and (whole["lowest"] != whole["highest"]).any()
+    # each member's next chunk, from all the records at once
+    records = pl.concat([pl.read_parquet(f) for f in dataset.files])
+    sharing = runnable.with_row_index("_at").filter(pl.col("depth") > 0)
+    each = prefixes._chunk_ends(measurer, records[sharing["_at"]], sharing)
+    ends = each.group_by("node").agg(pl.col("lowest").min(), pl.col("highest").max(), pl.len())
+    assert whole.select("node", "lowest", "highest").equals(ends.sort("node").drop("len"))
+    members = runnable.filter(pl.col("depth") > 0).sort("_file", "_row")
+    first = members.group_by("node", maintain_order=True).first().sort("node")
+    assert whole.select("node", "_file", "_row").equals(first.select("node", "_file", "_row"))
+    small = build_plan(spec, encoder, progress=False)
+    assert small.records.equals(plan.records)
+    assert small.prefix_reuse == plan.prefix_reuse
+
+
 def test_the_cycle_collector_is_off_while_planning_and_as_it_was_after(
     models, questions_input, tmp_path, monkeypatch
 ):

@@ -11,6 +11,8 @@ blocks; prompt tokens are made exact for that start (``RecordMeasurer.refine``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -44,85 +46,117 @@ def shared_blocks(
     # is none and the batches' pieces are freed before it starts.
     where = shared_depth(runnable.drop_in_place("_chunks").rechunk())
     runnable = runnable.with_columns(where["depth"], where["node"].fill_null(ROOT))
-    ends, firsts = _next_chunks(dataset, columns, measurer, runnable)
-    table = _node_table(measurer, ends, firsts, runnable.height > 1, block_size)
+    ends = _next_chunks(dataset, columns, measurer, runnable)
+    table = _node_table(dataset, columns, measurer, ends, runnable.height > 1, block_size)
     runnable = attach(runnable, table, "node").drop("depth", "node")
     return measurer.refine(runnable)
 
 
 def _node_table(
+    dataset: ds.FileSystemDataset,
+    columns: list[str],
     measurer: RecordMeasurer,
     ends: pl.DataFrame,
-    firsts: dict[int, list[str]],
     many: bool,
     block_size: int,
 ) -> pl.DataFrame:
     """Per node (the root first: every prompt's common start, shared by ``many``), its
-    shared start's block keys, bytes and tokens, and whether it is a whole prompt. Its
-    own function, so the starts' pieces and ids (Python objects, a few hundred bytes a
-    node) are freed before the records are joined to it."""
-    chunk = measurer.chunk
-    nodes, prefixes = [ROOT], [measurer.common_start()]
-    shared_by_many = [many]
-    for row in ends.iter_rows(named=True):
-        # Members of a node share its blocks, so they are cut where all of them still
-        # agree. A node's only member may share more with records that go deeper: its
-        # own blocks past that are its own (no other record has their keys), so it is
-        # cut after the next chunk, past anything it could share.
-        shared = (row["depth"] + 1) * chunk
-        if row["members"] > 1:
-            shared = row["depth"] * chunk + common_length(row["lowest"], row["highest"])
-        nodes.append(row["node"])
-        prefixes.append(cut_pieces(firsts.pop(row["node"]), shared))
-        shared_by_many.append(row["members"] > 1)
-    blocks, tokens, many_tokens = _encode_shared_starts(
-        measurer, prefixes, shared_by_many, block_size
-    )
+    shared start's block keys, bytes and tokens, and whether it is a whole prompt.
+
+    Each node's start is cut from its first member's pieces, read again here a batch at
+    a time: kept from ``_next_chunks`` as Python pieces, they were the plan's largest
+    holding at a million records (170 MB for 178,000 nodes)."""
+    root = _encoded_starts(measurer, [ROOT], [measurer.common_start()], [many], block_size)
+    chunk, parts = measurer.chunk, [root]
+    wanted = ends.select(
+        "node", "_file", "_row", "depth", (pl.col("members") > 1).alias("many"),
+        pl.Series("shared", _shared_lengths(ends, chunk), dtype=pl.Int64),
+    )  # fmt: skip
+    for records, part in _wanted_records(dataset, columns, wanted):
+        pieces = measurer.pieces(records)
+        # A node's only member may share more with records that go deeper: its own
+        # blocks past the next chunk are its own, so it is first cut after that chunk.
+        starts = [
+            cut_pieces(cut_pieces([p[k] for p in pieces], (depth + 1) * chunk), shared)
+            for k, (depth, shared) in enumerate(part.select("depth", "shared").iter_rows())
+        ]
+        many_flags = part["many"].to_list()
+        parts.append(_encoded_starts(measurer, part["node"], starts, many_flags, block_size))
     # The longest start two or more prompts share, in tokens: under one KV block, the
     # prefix cache (whole blocks only) reuses nothing, and the plan says why.
-    measurer.shared_start_tokens = many_tokens
-    return pl.DataFrame(
-        {
-            "node": nodes,
-            "blocks": blocks,
-            "_shared_bytes": [sum(len(p.encode()) for p in cut) for cut in prefixes],
-            "_shared_tokens": tokens,
-            "_shared_whole": [cut[-1] != "" for cut in prefixes],
-        },
-        schema={
-            "node": pl.UInt64,
-            "blocks": pl.List(pl.UInt64),
-            "_shared_bytes": pl.Int64,
-            "_shared_tokens": pl.Int64,
-            "_shared_whole": pl.Boolean,
-        },
-    )
+    table = pl.concat(parts)
+    measurer.shared_start_tokens = int(table["_many_tokens"].max() or 0)
+    return table.drop("_many_tokens")
+
+
+def _shared_lengths(ends: pl.DataFrame, chunk: int) -> list[int]:
+    """Bytes each node's members share: its whole chunks and the common start of their
+    next chunks. A node of one member is cut after its next chunk, past anything it
+    could share with another."""
+    depth, members = ends["depth"].to_list(), ends["members"].to_list()
+    lowest, highest = ends["lowest"].to_list(), ends["highest"].to_list()
+    return [
+        d * chunk + common_length(lo, hi) if m > 1 else (d + 1) * chunk
+        for d, m, lo, hi in zip(depth, members, lowest, highest, strict=True)
+    ]
 
 
 ENCODE_BATCH = 4096  # shared starts encoded at once: their ids are kept only as block keys
 
+NODE_SCHEMA = {
+    "node": pl.UInt64,
+    "blocks": pl.List(pl.UInt64),
+    "_shared_bytes": pl.Int64,
+    "_shared_tokens": pl.Int64,
+    "_shared_whole": pl.Boolean,
+    "_many_tokens": pl.Int64,
+}
 
-def _encode_shared_starts(
+
+def _encoded_starts(
     measurer: RecordMeasurer,
-    prefixes: list[list[str]],
+    nodes: pl.Series | list[int],
+    starts: list[list[str]],
     shared_by_many: list[bool],
     block_size: int,
-) -> tuple[list[list[int]], list[int], int]:
-    """Per shared start (its pieces): its block keys and its length in tokens, and the
-    longest that two or more prompts share. A slice at a time: the ids of every node at
-    once are a hundred tokens each for a hundred thousand nodes, as Python ints."""
+) -> pl.DataFrame:
+    """Per node, its shared start (pieces) as block keys, bytes and tokens, and its tokens
+    again where two or more prompts share it (``_many_tokens``, else 0). A slice at a
+    time: every node's ids at once are a hundred Python ints each."""
     encoder = measurer.encoder
-    blocks, tokens, many_tokens = [], [], 0
-    for at in range(0, len(prefixes), ENCODE_BATCH):
-        part = prefixes[at : at + ENCODE_BATCH]
-        encoded = encoder.encode_pieces(
+    blocks, tokens = [], []
+    for at in range(0, len(starts), ENCODE_BATCH):
+        part = starts[at : at + ENCODE_BATCH]
+        for ids in encoder.encode_pieces(
             [word_pieces(p) for p in part] if encoder.composes else part
-        )
-        for ids, many in zip(encoded, shared_by_many[at : at + ENCODE_BATCH], strict=True):
+        ):
             blocks.append(block_keys(ids, block_size))
             tokens.append(len(ids))
-            many_tokens = max(many_tokens, len(ids)) if many else many_tokens
-    return blocks, tokens, many_tokens
+    frame = {
+        "node": nodes,
+        "blocks": blocks,
+        "_shared_bytes": [sum(len(p.encode()) for p in cut) for cut in starts],
+        "_shared_tokens": tokens,
+        "_shared_whole": [cut[-1] != "" for cut in starts],
+        "_many_tokens": [t if m else 0 for t, m in zip(tokens, shared_by_many, strict=True)],
+    }
+    return pl.DataFrame(frame, schema=NODE_SCHEMA)
+
+
+def _wanted_records(
+    dataset: ds.FileSystemDataset, columns: list[str], wanted: pl.DataFrame
+) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+    """The input records at ``wanted``'s ``_file`` and ``_row``, a read batch at a time,
+    each with its rows of ``wanted`` (in file and row order)."""
+    for (index,), rows_of in wanted.sort("_file", "_row").group_by("_file", maintain_order=True):
+        rows = rows_of["_row"].to_numpy()
+        row = 0
+        for batch in file_batches(dataset, int(index), columns, READ_BATCH):
+            lo, hi = np.searchsorted(rows, [row, row + batch.num_rows])
+            if hi > lo:
+                picked = pa.Table.from_batches([batch]).take(rows[lo:hi] - row)
+                yield pl.from_arrow(picked), rows_of.slice(int(lo), int(hi - lo))
+            row += batch.num_rows
 
 
 def _next_chunks(
@@ -130,57 +164,51 @@ def _next_chunks(
     columns: list[str],
     measurer: RecordMeasurer,
     runnable: pl.DataFrame,
-) -> tuple[pl.DataFrame, dict[int, list[str]]]:
-    """Per node: its depth, members, smallest and largest next chunk; and the pieces of
-    its first member (in input order), cut after the next chunk."""
+) -> pl.DataFrame:
+    """Per node: its depth, members, smallest and largest next chunk, and where its
+    first member (in input order) is: ``_file``, ``_row``."""
     need = runnable.filter(pl.col("depth") > 0).select("_file", "_row", "depth", "node")
-    parts, firsts = [], {}
-    for (index,), wanted in need.sort("_file", "_row").group_by("_file", maintain_order=True):
-        rows = wanted["_row"].to_numpy()
-        row = 0
-        for batch in file_batches(dataset, int(index), columns, READ_BATCH):
-            lo, hi = np.searchsorted(rows, [row, row + batch.num_rows])
-            if hi > lo:
-                picked = pa.Table.from_batches([batch]).take(rows[lo:hi] - row)
-                part = wanted.slice(int(lo), int(hi - lo))
-                parts.append(_chunk_ends(measurer, pl.from_arrow(picked), part, firsts))
-            row += batch.num_rows
-    empty = {"node": pl.UInt64, "depth": pl.UInt32, "members": pl.UInt32}
-    if not parts:
-        return pl.DataFrame(schema=empty | {"lowest": pl.Binary, "highest": pl.Binary}), firsts
-    ends = (
-        pl.concat(parts)
-        .group_by("node")
-        .agg(
-            pl.col("depth").first(),
-            pl.col("members").sum(),
-            pl.col("lowest").min(),
-            pl.col("highest").max(),
-        )
-    )
-    return ends.sort("node"), firsts
+    ends = pl.DataFrame(schema=_ENDS)
+    for records, part in _wanted_records(dataset, columns, need):
+        # merged as it goes: a batch's nodes, kept a batch at a time, were 0.1 GiB more
+        # than the nodes themselves at a million records
+        ends = _merged(pl.concat([ends, _chunk_ends(measurer, records, part)]))
+    # need's rows are in input order: a node's first row is its first member
+    firsts = need.unique("node", keep="first", maintain_order=True).select("node", "_file", "_row")
+    return attach(ends, firsts, "node")
+
+
+_ENDS = {
+    "node": pl.UInt64,
+    "depth": pl.UInt32,
+    "members": pl.UInt32,
+    "lowest": pl.Binary,
+    "highest": pl.Binary,
+}
 
 
 def _chunk_ends(
-    measurer: RecordMeasurer,
-    records: pl.DataFrame,
-    keys: pl.DataFrame,
-    firsts: dict[int, list[str]],
+    measurer: RecordMeasurer, records: pl.DataFrame, keys: pl.DataFrame
 ) -> pl.DataFrame:
-    pieces = measurer.pieces(records)
-    text = prompt_text(pieces).cast(pl.Binary)
+    """``records``' nodes (``keys``: their depth and node), each a member with its chunk
+    after the shared ones as both its smallest and largest."""
+    text = prompt_text(measurer.pieces(records)).cast(pl.Binary)
     start = keys["depth"].cast(pl.Int64) * measurer.chunk
-    frame = keys.select("node", "depth").with_columns(
-        text.bin.slice(start, measurer.chunk).alias("next")
+    following = text.bin.slice(start, measurer.chunk)
+    return keys.select(
+        "node",
+        "depth",
+        pl.lit(1, dtype=pl.UInt32).alias("members"),
+        following.alias("lowest"),
+        following.alias("highest"),
     )
-    nodes = keys["node"].to_list()
-    for k in keys.with_row_index("_k").unique("node", keep="first")["_k"].to_list():
-        if nodes[k] not in firsts:
-            row = [p[k] for p in pieces]
-            firsts[nodes[k]] = cut_pieces(row, (int(keys["depth"][k]) + 1) * measurer.chunk)
-    return frame.group_by("node").agg(
+
+
+def _merged(ends: pl.DataFrame) -> pl.DataFrame:
+    """One row a node: members summed, the smallest and largest next chunk kept."""
+    return ends.group_by("node").agg(
         pl.col("depth").first(),
-        pl.len().cast(pl.UInt32).alias("members"),
-        pl.col("next").min().alias("lowest"),
-        pl.col("next").max().alias("highest"),
+        pl.col("members").sum(),
+        pl.col("lowest").min(),
+        pl.col("highest").max(),
     )
