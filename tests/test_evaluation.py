@@ -9,7 +9,7 @@ import pytest
 
 from nightshift.errors import SpecErrors
 from nightshift.evaluation import metrics
-from nightshift.evaluation.score import score, with_cost
+from nightshift.evaluation.score import score, with_cost, with_intervals
 from nightshift.jobs.fingerprint import result_inputs
 from nightshift.jobs.kept import kept_columns
 from nightshift.jobs.loading import validate_spec
@@ -94,6 +94,25 @@ def test_failed_rejected_and_unlabelled_records_count_apart():
     assert q["accuracy_of_labelled"] == pytest.approx(2 / 5)  # failed ones counted wrong
     assert with_cost(q, 0.5)["usd_per_1000_correct"] == pytest.approx(0.5 / 2 * 1000)
     assert with_cost(q, None)["usd_per_1000_correct"] is None
+
+
+@pytest.mark.parametrize("kind", [pl.String, pl.Int64])
+def test_classify_is_counted_by_polars_as_the_lists_would_count_it(kind):
+    """The report scores a million answers by counting their (true, predicted) pairs in
+    the frame: the very figures of the metrics over lists of text, labels that are
+    integers in the input included (they score against labels written as text)."""
+    import random
+
+    rng = random.Random(7)
+    values = ["1", "2", "3", "9"]
+    truth = [rng.choice(values) for _ in range(500)]
+    answer = [rng.choice(values[:3]) for _ in range(500)]
+    ok = pl.DataFrame({"id": range(500), "truth": truth, "answer": answer})
+    ok = ok.with_columns(pl.col("truth").cast(kind))
+    q = score("classify", ["1", "2", "3"], ok, *frames([])[1:])
+    lists = with_intervals(metrics.classification(truth, answer, ["1", "2", "3"]))
+    assert {k: q[k] for k in lists} == lists
+    assert q["confusion"]["labels"] == ["1", "2", "3", "9"] and q["scored"] == 500
 
 
 def test_extract_valid_json_counts_failed_answers_and_bad_references_apart():

@@ -29,8 +29,14 @@ def classification(truth: list[str], predicted: list[str], labels: list[str]) ->
     default); precision of a label never predicted is 0."""
     if len(truth) != len(predicted):
         raise ValueError("truth and predicted differ in length")
-    axis = list(labels) + sorted((set(truth) | set(predicted)) - set(labels))
-    pairs = Counter(zip(truth, predicted, strict=True))
+    return classification_of_pairs(Counter(zip(truth, predicted, strict=True)), labels)
+
+
+def classification_of_pairs(pairs: Counter, labels: list[str]) -> dict[str, Any]:
+    """``classification`` from how many records have each (true, predicted) pair: what a
+    million answers come to, counted where they are (``evaluation.score``)."""
+    seen = {value for pair, n in pairs.items() if n for value in pair}
+    axis = list(labels) + sorted(seen - set(labels))
     matrix = [[pairs[(t, p)] for p in axis] for t in axis]
     per_label = {}
     for i, label in enumerate(axis):
@@ -46,13 +52,13 @@ def classification(truth: list[str], predicted: list[str], labels: list[str]) ->
             "support": support,
             "predicted": chosen,
         }
-    seen = set(truth) | set(predicted)
     scored = [v["f1"] for k, v in per_label.items() if k in seen]
     correct = sum(matrix[i][i] for i in range(len(axis)))
+    records = sum(pairs.values())
     return {
-        "scored": len(truth),
+        "scored": records,
         "correct": correct,
-        "accuracy": _ratio(correct, len(truth)),
+        "accuracy": _ratio(correct, records),
         "macro_f1": _ratio(sum(scored), len(scored)),
         "per_label": per_label,
         "confusion": {"labels": axis, "matrix": matrix},
