@@ -99,14 +99,14 @@ print(os.environ["_RJEM_MALLOC_CONF"], grown, rss() - before)
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc (Linux)")
 def test_what_polars_frees_goes_back_to_the_system_at_once(tmp_path):
-    """Polars' allocator (jemalloc) would keep what is freed for ten seconds, and a plan's
-    steps free hundreds of MB a second: nightshift has it hand pages back at once."""
+    """Polars' allocator (jemalloc) would keep what is freed for a second or two, and a
+    plan's steps free hundreds of MB a second: nightshift has it hand pages back at once."""
     env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
     shown = subprocess.run(
         [sys.executable, "-c", _FREED], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     conf, grown, left = shown[0], int(shown[1]), int(shown[2])
-    assert conf == "dirty_decay_ms:0"
+    assert conf.endswith(",dirty_decay_ms:0")  # after polars' own settings: it wins
     assert grown > 100 * 2**20  # the frame was there
     assert left < grown / 4  # and is gone
 

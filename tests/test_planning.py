@@ -342,6 +342,8 @@ def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
     whole, plan = nodes(), build_plan(spec, encoder, progress=False)
     monkeypatch.setattr(prefixes, "READ_BATCH", 2)
     assert nodes().equals(whole)
+    shuffled = runnable.sample(fraction=1.0, shuffle=True, seed=3)
+    assert prefixes._next_chunks(dataset, columns, measurer, shuffled).sort("node").equals(whole)
     assert whole["members"].sum() == (runnable["depth"] > 0).sum()
     assert (whole["members"] > 1).any() and (whole["lowest"] != whole["highest"]).any()
     # each member's next chunk, from all the records at once
@@ -356,6 +358,24 @@ def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
     small = build_plan(spec, encoder, progress=False)
     assert small.records.equals(plan.records)
     assert small.prefix_reuse == plan.prefix_reuse
+
+
+def test_records_measured_a_few_at_a_time_give_the_same_plan(
+    models, questions_input, tmp_path, monkeypatch
+):
+    """Records are measured MEASURE_BATCH at a time once the token estimate is
+    calibrated; until then a read batch is measured whole, so the estimate is calibrated
+    on the same records (its first 2,000) whatever MEASURE_BATCH is."""
+    from nightshift.scheduling import plan as planning
+
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    encoder = load_encoder(spec)
+    whole = build_plan(spec, encoder, progress=False)
+    monkeypatch.setattr(planning, "MEASURE_BATCH", 3)
+    small = build_plan(spec, encoder, progress=False)
+    assert small.exact_records == whole.exact_records > 3
+    assert small.records.equals(whole.records)
+    assert small.rejects.equals(whole.rejects)
 
 
 def test_the_cycle_collector_is_off_while_planning_and_as_it_was_after(

@@ -6,11 +6,13 @@ vLLM engine at maximum batch, write one answer per record, and report what it co
 
 import os
 
-# Polars allocates with jemalloc, which keeps what is freed for 10 s before handing it
-# back: a plan's steps each free hundreds of MB within seconds, so its peak was the sum
-# of the last ten seconds' steps (1M records: 1.42 GiB, against 1.17 with this; the plan
-# 7% slower, generation no slower: docs/benchmarks.md (30)). Read once, when polars
-# loads, so it is set before any import of it; a value the user set is kept.
+# Polars allocates with jemalloc and has it keep freed pages for a while (polars sets
+# dirty_decay_ms:500,muzzy_decay_ms:1000 and appends this variable, whose values win): a
+# plan's steps free hundreds of MB a second, so its peak held the last steps' leftovers
+# too (docs/benchmarks.md (30): at a million records a lower peak and a slower plan,
+# generation no slower). jemalloc reads it once,
+# when polars loads: it holds for every nightshift command and the processes they start,
+# and for a program that imports nightshift before polars. A value the user set is kept.
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")
 
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import SpecError
 from nightshift.io.inputs import (
+    READ_BATCH,
     check_columns,
     check_id_type,
     file_batches,
@@ -55,9 +56,9 @@ from nightshift.scheduling.order import cut_shards, order_records, prefix_levels
 from nightshift.scheduling.prefixes import shared_blocks
 from nightshift.scheduling.reuse import predicted_cached, reuse_share
 
-# Records measured at once. Each holds a few KB while it is measured (its pieces, text,
-# chunks, ids): 8,192 of them, not a read batch of 32,768, kept 0.09 GiB off the plan's
-# peak at a million records, at no cost in time (benchmarks/results/run_path_round9.json).
+# Records measured at once, once the token estimate is calibrated (``_slices``). Each
+# holds a few KB while it is measured (its pieces, text, chunks, ids): 8,192 of them, not
+# a read batch of 32,768, kept 0.09 GiB off the plan's peak at a million records.
 MEASURE_BATCH = 8192
 
 RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact", ANSWERED_FROM]
@@ -277,26 +278,11 @@ def _measure_input(
     )
     for index in range(len(dataset.files)):
         row = 0
-        for batch in file_batches(dataset, index, columns, MEASURE_BATCH):
-            # The input's columns and the record's place stay in two frames: any input
-            # column name works, `_row` and `_file` included (DESIGN invariant 8).
-            frame = pl.from_arrow(pa.Table.from_batches([batch]))
-            where = pl.DataFrame(
-                {
-                    "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
-                    "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
-                }
-            )
-            if skip is not None:  # an increment: a null id was rejected by the first plan
-                new = ~skip.contains(frame[columns[0]]).fill_null(True)
-                frame, where = frame.filter(new), where.filter(new)
-            if frame.height:
-                part = measurer.measure(frame, where)
-                if digests:  # dedup: each record's exact-repeat key
-                    part = with_digests(
-                        part, measurer.renderer, frame, where, measurer.sampling, measurer.spec
-                    )
-                parts.append(part)
+        for batch in file_batches(dataset, index, columns, READ_BATCH):
+            for start, piece in _slices(batch, measurer):
+                part = _measure_part(measurer, piece, index, row + start, skip, digests)
+                if part is not None:
+                    parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)
     bar.close()
@@ -309,6 +295,50 @@ def _measure_input(
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
     return keys.with_columns(missing)
+
+
+def _slices(
+    batch: pa.RecordBatch, measurer: RecordMeasurer
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """A read batch as slices of ``MEASURE_BATCH`` records (each with where it starts),
+    once the token estimate is calibrated. Until then the batch is measured whole, as it
+    always was: the estimate is calibrated on the first records of the first batch that
+    has any to run, the same records whatever the slice size."""
+    start = 0
+    while start < batch.num_rows:
+        size = batch.num_rows - start if measurer.tail is None else MEASURE_BATCH
+        yield start, batch.slice(start, size)
+        start += size
+
+
+def _measure_part(
+    measurer: RecordMeasurer,
+    batch: pa.RecordBatch,
+    index: int,
+    row: int,
+    skip: KnownIds | None,
+    digests: bool,
+) -> pl.DataFrame | None:
+    """Key rows of ``batch``, the records of input file ``index`` from row ``row`` on
+    (None: every one of them was planned before)."""
+    # The input's columns and the record's place stay in two frames: any input column
+    # name works, `_row` and `_file` included (DESIGN invariant 8).
+    frame = pl.from_arrow(pa.Table.from_batches([batch]))
+    where = pl.DataFrame(
+        {
+            "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
+            "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
+        }
+    )
+    if skip is not None:  # an increment: a null id was rejected by the first plan
+        new = ~skip.contains(frame[frame.columns[0]]).fill_null(True)
+        frame, where = frame.filter(new), where.filter(new)
+    if not frame.height:
+        return None
+    part = measurer.measure(frame, where)
+    if digests:  # dedup: each record's exact-repeat key
+        part = with_digests(part, measurer.renderer, frame, where, measurer.sampling, measurer.spec)
+    return part
 
 
 def _is_struct(kind: pa.DataType | None) -> bool:

@@ -168,12 +168,13 @@ def _next_chunks(
     """Per node: its depth, members, smallest and largest next chunk, and where its
     first member (in input order) is: ``_file``, ``_row``."""
     need = runnable.filter(pl.col("depth") > 0).select("_file", "_row", "depth", "node")
+    need = need.sort("_file", "_row")  # input order, whatever order the records came in
     ends = pl.DataFrame(schema=_ENDS)
     for records, part in _wanted_records(dataset, columns, need):
         # merged as it goes: a batch's nodes, kept a batch at a time, were 0.1 GiB more
         # than the nodes themselves at a million records
         ends = _merged(pl.concat([ends, _chunk_ends(measurer, records, part)]))
-    # need's rows are in input order: a node's first row is its first member
+    # a node's first row is its first member
     firsts = need.unique("node", keep="first", maintain_order=True).select("node", "_file", "_row")
     return attach(ends, firsts, "node")
 
