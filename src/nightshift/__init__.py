@@ -10,9 +10,9 @@ import os
 # dirty_decay_ms:500,muzzy_decay_ms:1000 and appends this variable, whose values win): a
 # plan's steps free hundreds of MB a second, so its peak held the last steps' leftovers
 # too (docs/benchmarks.md (30): at a million records a lower peak and a slower plan,
-# generation no slower). jemalloc reads it once,
-# when polars loads: it holds for every nightshift command and the processes they start,
-# and for a program that imports nightshift before polars. A value the user set is kept.
+# generation no slower). jemalloc reads it once, when polars loads: it holds for every
+# nightshift command and the processes they start, and for a program that imports
+# nightshift before polars. A value the user set is kept.
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")
 
 __version__ = "0.1.0"
