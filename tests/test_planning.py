@@ -20,55 +20,7 @@ from nightshift.scheduling.plan import build_plan, load_encoder
 from nightshift.scheduling.prompts import PromptTemplate
 
 from .conftest import spec_dict, write_records
-
-BLOCK = 16
-DOCUMENTS, QUESTIONS = 6, 5
-WORDS = [
-    "the",
-    "order",
-    "of",
-    "records",
-    "is",
-    "a",
-    "performance",
-    "setting",
-    "for",
-    "every",
-    "prefix",
-    "cache",
-]
-
-
-def document(d: int) -> str:
-    words = [WORDS[(d * 7 + i * 3) % len(WORDS)] for i in range(60 + 25 * d)]
-    return f"Document {d}: " + " ".join(words)
-
-
-@pytest.fixture
-def questions_input(tmp_path):
-    """Every document's question q arrives before any document's question q + 1."""
-    rows = [
-        {"qid": f"d{d}-q{q}", "document": document(d), "question": f"What about {q}? " * (q + 1)}
-        for q in range(QUESTIONS)
-        for d in range(DOCUMENTS)
-    ]
-    write_records(tmp_path / "in" / "a.parquet", rows[:13])
-    write_records(tmp_path / "in" / "b.parquet", rows[13:])
-    return tmp_path / "in"
-
-
-def questions_spec(models, input_path, out, **overrides):
-    spec = spec_dict(
-        models["chat"],
-        input_path,
-        out,
-        input={"path": str(input_path), "id_column": "qid"},
-        prompt={"system": "Answer briefly.", "template": "{document}\n\nQuestion: {question}"},
-        task={"kind": "generate"},
-        engine={"block_size": BLOCK, "max_num_seqs": 8},
-        **overrides,
-    )
-    return validate_spec(spec)
+from .questions import BLOCK, DOCUMENTS, QUESTIONS, document, questions_spec
 
 
 def test_the_run_follows_the_plan_and_groups_each_document(models, questions_input, tmp_path):
@@ -276,9 +228,10 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     """The plan encodes each node's shared start once, cut at a word; the run encodes
     every prompt whole. The plan's block keys must be the leading block keys of the
     run's very ids, record by record."""
+    from nightshift.scheduling.firstpass import measure_input
     from nightshift.scheduling.kvcache import block_size
     from nightshift.scheduling.measure import RecordMeasurer
-    from nightshift.scheduling.plan import _measure_input, open_job_input
+    from nightshift.scheduling.plan import open_job_input
     from nightshift.scheduling.prefixes import shared_blocks
     from nightshift.scheduling.render import renderer_for, rows
     from nightshift.scheduling.sharing import block_keys
@@ -289,7 +242,7 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     encoder, block = load_encoder(spec), block_size(spec)
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder, block)
-    keys = _measure_input(dataset, columns, measurer, False, None)
+    keys = measure_input(dataset, columns, measurer, False, None)
     planned = shared_blocks(dataset, columns, measurer, keys, block)
     records = pl.read_parquet(tmp_path / "in" / "a.parquet")
     sent = encoder.encode_pieces(rows(renderer_for(spec, encoder).pieces(records)))
@@ -297,121 +250,3 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     for record_id, blocks in zip(planned["record_id"], planned["blocks"], strict=True):
         assert len(blocks) >= 8  # the document's blocks at least
         assert blocks.to_list() == block_keys(by_id[record_id], block)[: len(blocks)]
-
-
-def test_shared_starts_encoded_a_slice_at_a_time_give_the_same_plan(
-    models, questions_input, tmp_path, monkeypatch
-):
-    """The nodes' shared starts are encoded ENCODE_BATCH at a time, to keep their token
-    ids from piling up at a million records; slices of two give the very same plan."""
-    from nightshift.scheduling import prefixes
-
-    spec = questions_spec(models, questions_input, tmp_path / "out")
-    encoder = load_encoder(spec)
-    whole = build_plan(spec, encoder, progress=False)
-    monkeypatch.setattr(prefixes, "ENCODE_BATCH", 2)
-    sliced = build_plan(spec, encoder, progress=False)
-    assert sliced.records.equals(whole.records)
-    assert sliced.prefix_reuse == whole.prefix_reuse
-    assert whole.prefix_reuse["shared_start_tokens"] > 0
-
-
-def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
-    models, questions_input, tmp_path, monkeypatch
-):
-    """Each node's members, smallest and largest next chunk and first member (input
-    order) are merged read batch by read batch; the first members are read again for
-    the shared starts. Two records at a time, the nodes and the plan are those of one
-    batch."""
-    from nightshift.scheduling import prefixes
-    from nightshift.scheduling.kvcache import block_size
-    from nightshift.scheduling.measure import RecordMeasurer
-    from nightshift.scheduling.plan import _measure_input, open_job_input
-    from nightshift.scheduling.sharing import shared_depth
-
-    spec = questions_spec(models, questions_input, tmp_path / "out")
-    encoder, block = load_encoder(spec), block_size(spec)
-    dataset, columns = open_job_input(spec)
-    measurer = RecordMeasurer(spec, encoder, block)
-    keys = _measure_input(dataset, columns, measurer, False, None)
-    runnable = keys.with_columns(shared_depth(keys["_chunks"]))
-
-    def nodes() -> pl.DataFrame:
-        return prefixes._next_chunks(dataset, columns, measurer, runnable).sort("node")
-
-    whole, plan = nodes(), build_plan(spec, encoder, progress=False)
-    monkeypatch.setattr(prefixes, "READ_BATCH", 2)
-    assert nodes().equals(whole)
-    shuffled = runnable.sample(fraction=1.0, shuffle=True, seed=3)
-    assert prefixes._next_chunks(dataset, columns, measurer, shuffled).sort("node").equals(whole)
-    assert whole["members"].sum() == (runnable["depth"] > 0).sum()
-    assert (whole["members"] > 1).any() and (whole["lowest"] != whole["highest"]).any()
-    # each member's next chunk, from all the records at once
-    records = pl.concat([pl.read_parquet(f) for f in dataset.files])
-    sharing = runnable.with_row_index("_at").filter(pl.col("depth") > 0)
-    each = prefixes._chunk_ends(measurer, records[sharing["_at"]], sharing)
-    ends = each.group_by("node").agg(pl.col("lowest").min(), pl.col("highest").max(), pl.len())
-    assert whole.select("node", "lowest", "highest").equals(ends.sort("node").drop("len"))
-    members = runnable.filter(pl.col("depth") > 0).sort("_file", "_row")
-    first = members.group_by("node", maintain_order=True).first().sort("node")
-    assert whole.select("node", "_file", "_row").equals(first.select("node", "_file", "_row"))
-    small = build_plan(spec, encoder, progress=False)
-    assert small.records.equals(plan.records)
-    assert small.prefix_reuse == plan.prefix_reuse
-
-
-def test_records_measured_a_few_at_a_time_give_the_same_plan(
-    models, questions_input, tmp_path, monkeypatch
-):
-    """Records are measured MEASURE_BATCH at a time once the token estimate is
-    calibrated; until then a read batch is measured whole, so the estimate is calibrated
-    on the same records (its first 2,000) whatever MEASURE_BATCH is."""
-    from nightshift.scheduling import plan as planning
-
-    spec = questions_spec(models, questions_input, tmp_path / "out")
-    encoder = load_encoder(spec)
-    whole = build_plan(spec, encoder, progress=False)
-    monkeypatch.setattr(planning, "MEASURE_BATCH", 3)
-    small = build_plan(spec, encoder, progress=False)
-    assert small.exact_records == whole.exact_records > 3
-    assert small.records.equals(whole.records)
-    assert small.rejects.equals(whole.rejects)
-
-
-def test_the_cycle_collector_is_off_while_planning_and_as_it_was_after(
-    models, questions_input, tmp_path, monkeypatch
-):
-    """A plan of a million records made 17 full collections that found nothing; it runs
-    with the collector off, and leaves it as it found it, a failed plan too."""
-    import gc
-
-    from nightshift.scheduling import plan as planning
-
-    spec = questions_spec(models, questions_input, tmp_path / "out")
-    encoder = load_encoder(spec)
-    seen = []
-    measure = planning._measure_input
-
-    def watched(*args, **kwargs):
-        seen.append(gc.isenabled())
-        return measure(*args, **kwargs)
-
-    monkeypatch.setattr(planning, "_measure_input", watched)
-    assert gc.isenabled()
-    build_plan(spec, encoder, progress=False)
-    assert seen == [False] and gc.isenabled()
-
-    def broken(*args, **kwargs):
-        raise OSError("input gone")
-
-    monkeypatch.setattr(planning, "_measure_input", broken)
-    with pytest.raises(OSError):
-        build_plan(spec, encoder, progress=False)
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        monkeypatch.setattr(planning, "_measure_input", watched)
-        build_plan(spec, encoder, progress=False)
-        assert not gc.isenabled()  # the caller's choice stands
-    finally:
-        gc.enable()

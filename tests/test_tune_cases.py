@@ -78,9 +78,7 @@ def test_a_sampled_job_compares_nothing_and_never_picks_the_reference_for_it(
     assert choose([ref, job, fp8, seqs], 0.98)["name"] == "max_num_seqs=4"
 
 
-def test_tune_dir_refuses_a_folder_of_other_files_and_takes_its_own(
-    models, tmp_path, write_spec
-):
+def test_tune_dir_refuses_a_folder_of_other_files_and_takes_its_own(models, tmp_path, write_spec):
     spec = write_spec(generate_job(models, tmp_path, records=60, max_tokens=4))
     project = tmp_path / "project"
     (project / "runs" / "job").mkdir(parents=True)

@@ -204,7 +204,7 @@ def test_score_tokens_come_back_as_the_first_places_log_probabilities(engine):
 
 def test_the_prefix_cache_serves_what_the_plan_predicted(models, engine, tmp_path):
     from .conftest import write_records
-    from .test_planning import document
+    from .questions import document
 
     # 8 documents of 125-455 tokens, 6 questions each, interleaved: the plan groups them.
     rows = [
@@ -233,7 +233,7 @@ def test_the_prediction_holds_for_a_single_column_and_for_conversations(models, 
     import pyarrow as pa
 
     from .conftest import write_records
-    from .test_planning import document
+    from .questions import document
 
     # The shared document ends inside the field: pre-rendered in one column, and inside
     # the user turn of a conversation that opens with a shared few-shot exchange.

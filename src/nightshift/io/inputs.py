@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
@@ -156,6 +157,20 @@ def file_batches(
     for batch in read_batches(one, columns, batch_rows):
         yield batch
         give_back_freed()  # what the batch before left: a pass holds one batch's worth
+
+
+def rows_at(
+    batches: Iterable[pa.RecordBatch], rows: np.ndarray
+) -> Iterator[tuple[pa.Table, int, int]]:
+    """The rows at ``rows`` (sorted row numbers over all of ``batches``, laid end to end),
+    a batch at a time: each batch's picked rows, and which of ``rows`` they are
+    (``rows[lo:hi]``). Batches with none are skipped; only one batch is held."""
+    row = 0
+    for batch in batches:
+        lo, hi = (int(at) for at in np.searchsorted(rows, [row, row + batch.num_rows]))
+        if hi > lo:
+            yield pa.Table.from_batches([batch]).take(rows[lo:hi] - row), lo, hi
+        row += batch.num_rows
 
 
 def write_records(

@@ -26,6 +26,7 @@ import pyarrow as pa
 from nightshift.engines.base import Engine, EngineRequest, Sampling
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import RecordError
+from nightshift.io.inputs import rows_at
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
@@ -135,11 +136,8 @@ def _read_spread(plans: PlanStore, shard: int, planned: int, count: int) -> pl.D
     read a batch at a time: a whole shard at once (100,000 records or more at a million)
     was 0.3 GiB of a run's peak, for the four records it gives the sample."""
     wanted = np.array(_spread_rows(planned, count), dtype=np.int64)
-    taken, row = [], 0
-    for batch in plans.shard_batches(shard, rows=SAMPLE_READ_ROWS):
-        lo, hi = np.searchsorted(wanted, [row, row + batch.num_rows])
-        taken.append(pa.Table.from_batches([batch]).take(wanted[lo:hi] - row))
-        row += batch.num_rows
+    batches = plans.shard_batches(shard, rows=SAMPLE_READ_ROWS)
+    taken = [picked for picked, _, _ in rows_at(batches, wanted)]
     return pl.from_arrow(pa.concat_tables(taken)) if taken else pl.DataFrame()
 
 

@@ -1,11 +1,11 @@
 """Plan a job: measure every record, set aside what cannot run, order the rest, cut shards.
 
-The input is streamed in batches and only small per-record keys are kept (where the
-record is, its id, prompt tokens and keys of its text's byte chunks), never its text, so
-memory grows by tens of bytes per record. A second pass reads the records that share a
-chunk with another, to encode each shared start once (``scheduling.prefixes``).
-Ordering and shard cutting are in ``scheduling.order``; writing the plan next to the
-output is in ``io.planstore``.
+The input is streamed in batches (``scheduling.firstpass``) and only small per-record
+keys are kept (where the record is, its id, prompt tokens and keys of its text's byte
+chunks), never its text, so memory grows by a few hundred bytes per record. A second
+pass reads the records that share a chunk with another, to encode each shared start
+once (``scheduling.prefixes``). Ordering and shard cutting are in ``scheduling.order``;
+writing the plan next to the output is in ``io.planstore``.
 """
 
 from __future__ import annotations
@@ -20,17 +20,13 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
-from tqdm.auto import tqdm
 
-from nightshift.console import screen
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import SpecError
 from nightshift.io.inputs import (
-    READ_BATCH,
     check_columns,
     check_id_type,
-    file_batches,
     open_input,
 )
 from nightshift.io.planstore import POSITION
@@ -46,8 +42,8 @@ from nightshift.scheduling.dedup import (
     place_copies,
     repeats_summary,
     split_copies,
-    with_digests,
 )
+from nightshift.scheduling.firstpass import measure_input
 from nightshift.scheduling.frames import take_rows
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
@@ -55,11 +51,6 @@ from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.order import cut_shards, order_records, prefix_levels
 from nightshift.scheduling.prefixes import shared_blocks
 from nightshift.scheduling.reuse import predicted_cached, reuse_share
-
-# Records measured at once, once the token estimate is calibrated (``_slices``). Each
-# holds a few KB while it is measured (its pieces, text, chunks, ids): 8,192 of them, not
-# a read batch of 32,768, kept 0.09 GiB off the plan's peak at a million records.
-MEASURE_BATCH = 8192
 
 RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exact", ANSWERED_FROM]
 
@@ -207,7 +198,7 @@ def _build_plan(
     dataset, columns = open_job_input(spec)
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
-    keys = _measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
+    keys = measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
     keys = _reject_duplicate_ids(keys, spec.input.id_column)
     input_records, rejects, runnable = _set_rejects_apart(keys)
     del keys  # memory is tight: from here the frames are copies of the runnable records
@@ -257,88 +248,6 @@ def _set_rejects_apart(keys: pl.DataFrame) -> tuple[int, pl.DataFrame, pl.DataFr
     input_records = keys.height
     runnable = take_rows(keys, ~rejected) if rejects.height else keys
     return input_records, rejects, runnable.drop("reject_kind", "reason")  # null in all
-
-
-def _measure_input(
-    dataset: ds.FileSystemDataset,
-    columns: list[str],
-    measurer: RecordMeasurer,
-    progress: bool,
-    skip: KnownIds | None,
-    digests: bool = False,
-) -> pl.DataFrame:
-    """Pass over every input file once, in order, keeping only each record's keys."""
-    parts = []
-    bar = tqdm(
-        total=dataset.count_rows(),
-        desc="plan",
-        unit="rec",
-        file=screen(),
-        disable=not progress or not screen().isatty(),  # a log gets no redrawn bar
-    )
-    for index in range(len(dataset.files)):
-        row = 0
-        for batch in file_batches(dataset, index, columns, READ_BATCH):
-            for start, piece in _slices(batch, measurer):
-                part = _measure_part(measurer, piece, index, row + start, skip, digests)
-                if part is not None:
-                    parts.append(part)
-            row += batch.num_rows
-            bar.update(batch.num_rows)
-    bar.close()
-    empty = {"_file": pl.UInt32, "_row": pl.UInt32, "reject_kind": pl.String}
-    keys = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema=empty)
-    # A batch with no runnable record has no token or chunk columns: type them anyway.
-    types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
-    types["_chunks"] = pl.List(pl.UInt64)
-    types |= {c: pl.Int64 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
-    types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
-    missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
-    return keys.with_columns(missing)
-
-
-def _slices(
-    batch: pa.RecordBatch, measurer: RecordMeasurer
-) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """A read batch as slices of ``MEASURE_BATCH`` records (each with where it starts),
-    once the token estimate is calibrated. Until then the batch is measured whole, as it
-    always was: the estimate is calibrated on the first records of the first batch that
-    has any to run, the same records whatever the slice size."""
-    start = 0
-    while start < batch.num_rows:
-        size = batch.num_rows - start if measurer.tail is None else MEASURE_BATCH
-        yield start, batch.slice(start, size)
-        start += size
-
-
-def _measure_part(
-    measurer: RecordMeasurer,
-    batch: pa.RecordBatch,
-    index: int,
-    row: int,
-    skip: KnownIds | None,
-    digests: bool,
-) -> pl.DataFrame | None:
-    """Key rows of ``batch``, the records of input file ``index`` from row ``row`` on
-    (None: every one of them was planned before)."""
-    # The input's columns and the record's place stay in two frames: any input column
-    # name works, `_row` and `_file` included (DESIGN invariant 8).
-    frame = pl.from_arrow(pa.Table.from_batches([batch]))
-    where = pl.DataFrame(
-        {
-            "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
-            "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
-        }
-    )
-    if skip is not None:  # an increment: a null id was rejected by the first plan
-        new = ~skip.contains(frame[frame.columns[0]]).fill_null(True)
-        frame, where = frame.filter(new), where.filter(new)
-    if not frame.height:
-        return None
-    part = measurer.measure(frame, where)
-    if digests:  # dedup: each record's exact-repeat key
-        part = with_digests(part, measurer.renderer, frame, where, measurer.sampling, measurer.spec)
-    return part
 
 
 def _is_struct(kind: pa.DataType | None) -> bool:

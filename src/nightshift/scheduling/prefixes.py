@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.dataset as ds
 
-from nightshift.io.inputs import READ_BATCH, file_batches
+from nightshift.io.inputs import READ_BATCH, file_batches, rows_at
 from nightshift.scheduling.frames import attach
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.render import prompt_text
@@ -149,14 +147,9 @@ def _wanted_records(
     """The input records at ``wanted``'s ``_file`` and ``_row``, a read batch at a time,
     each with its rows of ``wanted`` (in file and row order)."""
     for (index,), rows_of in wanted.sort("_file", "_row").group_by("_file", maintain_order=True):
-        rows = rows_of["_row"].to_numpy()
-        row = 0
-        for batch in file_batches(dataset, int(index), columns, READ_BATCH):
-            lo, hi = np.searchsorted(rows, [row, row + batch.num_rows])
-            if hi > lo:
-                picked = pa.Table.from_batches([batch]).take(rows[lo:hi] - row)
-                yield pl.from_arrow(picked), rows_of.slice(int(lo), int(hi - lo))
-            row += batch.num_rows
+        batches = file_batches(dataset, int(index), columns, READ_BATCH)
+        for picked, lo, hi in rows_at(batches, rows_of["_row"].to_numpy()):
+            yield pl.from_arrow(picked), rows_of.slice(lo, hi - lo)
 
 
 def _next_chunks(
