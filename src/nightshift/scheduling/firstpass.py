@@ -59,7 +59,7 @@ def measure_input(
     # A batch with no runnable record has no token or chunk columns: type them anyway.
     types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
     types["_chunks"] = pl.List(pl.UInt64)
-    types |= {c: pl.Int64 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
+    types |= {c: pl.Int32 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
     return keys.with_columns(missing)

@@ -115,12 +115,14 @@ class RecordMeasurer:
         self._note_start(pieces, text)
         before, after = self._frame_tokens(pieces)
         head = sum((p.str.len_bytes().cast(pl.Int64) for p in pieces[:-2]), pl.Series([0]))
+        # The measuring columns are one prompt's bytes and tokens: Int32, 16 bytes a
+        # record less for as long as the plan keeps them.
         keys = where.with_columns(
             records[self.id_column].alias("record_id"),
-            before.alias("_before"),
-            after.alias("_after"),
-            head.alias("_head_bytes"),
-            pieces[-2].str.len_bytes().cast(pl.Int64).alias("_tail_bytes"),
+            before.cast(pl.Int32).alias("_before"),
+            after.cast(pl.Int32).alias("_after"),
+            head.cast(pl.Int32).alias("_head_bytes"),
+            pieces[-2].str.len_bytes().cast(pl.Int32).alias("_tail_bytes"),
             chunk_keys(text, self.chunk).alias("_chunks"),
         )
         column = self.spec.input.adapter_column
