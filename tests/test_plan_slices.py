@@ -51,13 +51,13 @@ def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
     runnable = keys.with_columns(shared_depth(keys["_chunks"]))
 
     def nodes() -> pl.DataFrame:
-        return prefixes._next_chunks(dataset, columns, measurer, runnable).sort("node")
+        return prefixes._next_chunks(dataset, measurer, runnable).sort("node")
 
     whole, plan = nodes(), build_plan(spec, encoder, progress=False)
     monkeypatch.setattr(prefixes, "READ_BATCH", 2)
     assert nodes().equals(whole)
     shuffled = runnable.sample(fraction=1.0, shuffle=True, seed=3)
-    assert prefixes._next_chunks(dataset, columns, measurer, shuffled).sort("node").equals(whole)
+    assert prefixes._next_chunks(dataset, measurer, shuffled).sort("node").equals(whole)
     assert whole["members"].sum() == (runnable["depth"] > 0).sum()
     assert (whole["members"] > 1).any() and (whole["lowest"] != whole["highest"]).any()
     # each member's next chunk, from all the records at once
@@ -129,3 +129,30 @@ def test_the_cycle_collector_is_off_while_planning_and_as_it_was_after(
         assert not gc.isenabled()  # the caller's choice stands
     finally:
         gc.enable()
+
+
+def test_passes_after_the_first_read_only_the_prompts_columns(
+    models, questions_input, tmp_path, monkeypatch
+):
+    """The node passes read again only what a prompt is made from: kept and eval
+    columns (a wide body kept for the results, say) are read once, by the first pass."""
+    from nightshift.scheduling import prefixes
+
+    records = pl.concat([pl.read_parquet(f) for f in sorted(questions_input.glob("*.parquet"))])
+    wide = records.with_columns(pl.lit("x" * 2000).alias("notes"))
+    wide.write_parquet(questions_input / "a.parquet")
+    (questions_input / "b.parquet").unlink()
+    read = []
+    batches = prefixes.file_batches
+
+    def watched(dataset, index, columns, rows):
+        read.append(list(columns))
+        return batches(dataset, index, columns, rows)
+
+    monkeypatch.setattr(prefixes, "file_batches", watched)
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    spec.input.keep_columns = ["notes"]
+    plan = build_plan(spec, load_encoder(spec), progress=False)
+    assert read and all(sorted(columns) == ["document", "question"] for columns in read)
+    assert plan.prefix_reuse["shared_start_tokens"] > 0
+

@@ -243,7 +243,7 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder, block)
     keys = measure_input(dataset, columns, measurer, False, None)
-    planned = shared_blocks(dataset, columns, measurer, keys, block)
+    planned = shared_blocks(dataset, measurer, keys, block)
     records = pl.read_parquet(tmp_path / "in" / "a.parquet")
     sent = encoder.encode_pieces(rows(renderer_for(spec, encoder).pieces(records)))
     by_id = dict(zip(records["qid"], sent, strict=True))

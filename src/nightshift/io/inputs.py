@@ -161,6 +161,8 @@ def file_batches(
 
 def _typed(batch: pa.RecordBatch, wanted: pa.Schema) -> pa.RecordBatch:
     """``batch``'s columns as ``wanted`` names and types them, nulls for those it lacks."""
+    if batch.schema == wanted:  # the usual file: as it is (and its rows, if no columns)
+        return batch
     arrays = [
         batch.column(f.name).cast(f.type)
         if f.name in batch.schema.names

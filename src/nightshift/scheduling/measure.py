@@ -105,6 +105,12 @@ class RecordMeasurer:
         )
         return problems, pl.Series(answers, dtype=pl.Int64)
 
+    @property
+    def prompt_columns(self) -> list[str]:
+        """The input columns a prompt is made from (a template names one or more): all a
+        pass that only renders prompts reads."""
+        return self.renderer.columns
+
     def pieces(self, records: pl.DataFrame) -> list[pl.Series]:
         """The pieces of records that can run (``scheduling.render``)."""
         return self.renderer.pieces(records)

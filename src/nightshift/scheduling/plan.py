@@ -206,7 +206,7 @@ def _build_plan(
     runnable, copies = split_copies(runnable)
     copies = copies.drop("_chunks")  # only originals' chunks count
     give_back_freed()
-    runnable = shared_blocks(dataset, columns, measurer, runnable, block)
+    runnable = shared_blocks(dataset, measurer, runnable, block)
     give_back_freed()
     runnable = prefix_levels(runnable, block).drop("blocks")  # the levels hold the order's keys
     window = _cache_window(spec, runnable)

@@ -3,6 +3,7 @@
 The plan's first pass keeps only byte-chunk keys per record (``scheduling.measure``);
 ``shared_depth`` then tells, over all records, how many leading chunks each shares and
 with which node. This second pass reads again only the records that share a chunk, and
+only the columns their prompts are made from (``RecordMeasurer.prompt_columns``), and
 per node keeps the smallest and largest next chunk (their common start is the exact end
 of the bytes the node's records all share) and the first record's pieces. Each node's
 shared start is then encoded once, exactly as the run will encode it, and cut into KV
@@ -33,7 +34,6 @@ ROOT = 0  # the node of records that share no whole chunk with another
 
 def shared_blocks(
     dataset: ds.FileSystemDataset,
-    columns: list[str],
     measurer: RecordMeasurer,
     runnable: pl.DataFrame,
     block_size: int,
@@ -44,15 +44,14 @@ def shared_blocks(
     # is none and the batches' pieces are freed before it starts.
     where = shared_depth(runnable.drop_in_place("_chunks").rechunk())
     runnable = runnable.with_columns(where["depth"], where["node"].fill_null(ROOT))
-    ends = _next_chunks(dataset, columns, measurer, runnable)
-    table = _node_table(dataset, columns, measurer, ends, runnable.height > 1, block_size)
+    ends = _next_chunks(dataset, measurer, runnable)
+    table = _node_table(dataset, measurer, ends, runnable.height > 1, block_size)
     runnable = attach(runnable, table, "node").drop("depth", "node")
     return measurer.refine(runnable)
 
 
 def _node_table(
     dataset: ds.FileSystemDataset,
-    columns: list[str],
     measurer: RecordMeasurer,
     ends: pl.DataFrame,
     many: bool,
@@ -70,7 +69,7 @@ def _node_table(
         "node", "_file", "_row", "depth", (pl.col("members") > 1).alias("many"),
         pl.Series("shared", _shared_lengths(ends, chunk), dtype=pl.Int64),
     )  # fmt: skip
-    for records, part in _wanted_records(dataset, columns, wanted):
+    for records, part in _wanted_records(dataset, measurer.prompt_columns, wanted):
         pieces = measurer.pieces(records)
         # A node's only member may share more with records that go deeper: its own
         # blocks past the next chunk are its own, so it is first cut after that chunk.
@@ -154,7 +153,6 @@ def _wanted_records(
 
 def _next_chunks(
     dataset: ds.FileSystemDataset,
-    columns: list[str],
     measurer: RecordMeasurer,
     runnable: pl.DataFrame,
 ) -> pl.DataFrame:
@@ -163,7 +161,7 @@ def _next_chunks(
     need = runnable.filter(pl.col("depth") > 0).select("_file", "_row", "depth", "node")
     need = need.sort("_file", "_row")  # input order, whatever order the records came in
     ends = pl.DataFrame(schema=_ENDS)
-    for records, part in _wanted_records(dataset, columns, need):
+    for records, part in _wanted_records(dataset, measurer.prompt_columns, need):
         # merged as it goes: a batch's nodes, kept a batch at a time, were 0.1 GiB more
         # than the nodes themselves at a million records
         ends = _merged(pl.concat([ends, _chunk_ends(measurer, records, part)]))
