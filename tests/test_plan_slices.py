@@ -155,4 +155,3 @@ def test_passes_after_the_first_read_only_the_prompts_columns(
     plan = build_plan(spec, load_encoder(spec), progress=False)
     assert read and all(sorted(columns) == ["document", "question"] for columns in read)
     assert plan.prefix_reuse["shared_start_tokens"] > 0
-
