@@ -1,6 +1,6 @@
 """Whole-frame steps that move a plan's key frame instead of copying it.
 
-The key frame (about 190 bytes a record: the chunk keys, the measuring columns, the
+The key frame (about 160 bytes a record: the chunk keys, the measuring columns, the
 digest) is the largest thing a plan holds. A polars filter or join of the whole frame
 holds it twice, and the caller's name for the input keeps the old copy alive until the
 step returns: at a million records that was the plan's peak, 0.3-0.4 GiB over the rest.
