@@ -52,3 +52,12 @@ def test_a_file_broken_after_its_footer_was_read_is_named(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(InputError, match="in.parquet"):
         list(file_batches(dataset, 0, ["id"], 1000))
+
+
+def test_a_file_rewritten_with_another_type_since_it_was_listed_is_named(tmp_path):
+    path = tmp_path / "in" / "a.parquet"
+    _write(path, pa.table({"id": [1], "x": ["a"]}))
+    dataset = open_input(str(tmp_path / "in"))
+    _write(path, pa.table({"id": [1], "x": pa.array([["a"]])}))  # text became a list
+    with pytest.raises(InputError, match="a.parquet"):
+        list(file_batches(dataset, 0, ["id", "x"], 4))

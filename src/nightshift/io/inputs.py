@@ -103,7 +103,7 @@ def open_input(path: str, exclude: str | None = None) -> ds.Dataset:
     for file in files:
         try:
             schemas.append(pq.read_schema(file, filesystem=fs))
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:  # a file rewritten since it was listed, too
             raise InputError(f"input.path: {file} is not a readable Parquet file: {exc}") from None
     try:
         schema = pa.unify_schemas(schemas)
@@ -155,7 +155,7 @@ def file_batches(
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
                 yield _typed(batch, wanted)
                 give_back_freed()  # what the batch before left: a pass holds one batch's worth
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:  # a file rewritten since it was listed, too
         raise InputError(f"input.path: reading {dataset.files[index]} failed: {exc}") from None
 
 
