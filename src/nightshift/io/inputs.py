@@ -103,7 +103,7 @@ def open_input(path: str, exclude: str | None = None) -> ds.Dataset:
     for file in files:
         try:
             schemas.append(pq.read_schema(file, filesystem=fs))
-        except (pa.ArrowException, OSError) as exc:  # a file rewritten since it was listed, too
+        except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"input.path: {file} is not a readable Parquet file: {exc}") from None
     try:
         schema = pa.unify_schemas(schemas)

@@ -1,11 +1,12 @@
 """Find the records of a job that repeat another's prompt exactly, so each is generated once.
 
-The key is a 96-bit BLAKE2b over the record's rendered segment texts (each prefixed by its length
-in bytes). Within one job the system prompt, the template's static head and the tokenizer
-are fixed (the fingerprint pins the tokenizer), and ``encode_records`` is a pure function of
-(system, head, segments): equal segment texts therefore encode to the same token ids, and
-the sampling and the guided-decoding constraint are the job's own, the same for every
-record. Equal keys are exact repeats (a 96-bit collision aside: ``_digest``), never near ones.
+The key is a 96-bit BLAKE2b over the record's rendered segment texts (each prefixed by
+its length in bytes). Within one job the system prompt, the template's static head and the
+tokenizer are fixed (the fingerprint pins the tokenizer), and ``encode_records`` is a pure
+function of (system, head, segments): equal segment texts therefore encode to the same
+token ids, and the sampling and the guided-decoding constraint are the job's own, the same
+for every record. Equal keys are exact repeats (a 96-bit collision aside: ``_digest``),
+never near ones.
 
 Repeats are only merged when the answer is meant to be deterministic: temperature 0, or a
 fixed seed. With temperature above 0 and no seed each record is its own sample. With
