@@ -9,9 +9,13 @@ without, and a larger file). Floats are written byte-stream-split instead, which
 compresses twice as well (normalised 576-float vectors: 16% smaller than plain, against
 8%) in the same time; polars, pyarrow and DuckDB read it.
 
+Statistics (min/max) are written for every column but the elements of vectors: no
+reader skips a page by them, and they cost 0.5 µs a 576-float row.
+
 A checkpoint chunk is written once and read once, by the shard's commit (or a resume):
-as an Arrow IPC file with LZ4 it costs 1.1 µs a 576-float row to write and 0.3 to read,
-against 6.2 and 4.4 as Parquet.
+as an Arrow IPC file it costs 0.2 µs a 576-float row to write and next to nothing to
+read, against 6.2 and 4.4 as Parquet. Chunks are LZ4-compressed, except those that hold
+vectors: LZ4 cannot shrink float mantissas (0.6% smaller) and took 1.1 µs a row.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ CHUNK_COMPRESSION = "lz4"
 def write_options(schema: pa.Schema) -> dict[str, Any]:
     """``pq.write_table``/``ParquetWriter`` keywords for a table of ``schema``."""
     repeating, floats = _leaves(schema)
+    vectors = {path for path in floats if ".list." in path}
     return {
         "compression": COMPRESSION,
         "use_dictionary": list(repeating),
         "use_byte_stream_split": list(floats) or False,
+        # min/max over a vector's elements says nothing a reader can skip pages by
+        "write_statistics": [path for path in repeating + floats if path not in vectors],
     }
 
 
@@ -46,9 +53,11 @@ def parquet_bytes(table: pa.Table) -> pa.Buffer:
 
 
 def chunk_bytes(table: pa.Table) -> pa.Buffer:
-    """``table`` as one Arrow IPC file (LZ4), in memory: a checkpoint chunk."""
+    """``table`` as one Arrow IPC file (LZ4 unless it holds vectors), in memory: a
+    checkpoint chunk."""
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=CHUNK_COMPRESSION)
+    vectors = any(".list." in path for path in _leaves(table.schema)[1])
+    options = pa.ipc.IpcWriteOptions(compression=None if vectors else CHUNK_COMPRESSION)
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue()

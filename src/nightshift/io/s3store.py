@@ -106,9 +106,10 @@ class S3Store:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def put_bytes(self, key: str, data: bytes) -> None:
+    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+        body = bytes(data)  # botocore takes bytes or a file, not a view
         with self._errors("put", key):
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
 
     def put_file(self, key: str, path: Path) -> None:
         """Managed transfer: one PUT, or a multipart upload that appears when complete."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from nightshift.errors import EngineFatalError, LeaseLostError
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.spec import JobSpec
+from nightshift.running.committing import BackgroundCommits
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
 from nightshift.running.shardqueue import ShardQueue
@@ -59,6 +60,7 @@ class ShardSettling:
         self._rerun: list[int] = []  # shards ``run`` tries again (retry_in_place)
         self.stopping = threading.Event()  # request_stop: the run is stopping
         self.stopped: set[int] = set()  # shards settled uncommitted because of a stop
+        self.commits = BackgroundCommits()  # finished shards, committed off the feeding thread
 
     def _due(self, w: ShardWork) -> bool:
         run = self.spec.run
@@ -76,6 +78,7 @@ class ShardSettling:
         self._settled(w.shard)
 
     def _checkpoint(self, w: ShardWork) -> None:
+        self.commits.check()  # a commit that failed stops the run here, not at its end
         if not w.held:
             return
         self._check_lease(w.shard)
@@ -89,14 +92,24 @@ class ShardSettling:
         w.ok, w.failed, w.since = [], [], time.monotonic()
 
     def _finish(self, w: ShardWork) -> None:
+        """``w`` has every answer: commit it on the commit thread (``running.committing``)."""
+        attempts = self.attempts[w.shard] + 1  # counted now: the feeding thread changes it
+        self.commits.submit(lambda: self._commit(w, attempts))
+
+    def _commit(self, w: ShardWork, attempts: int) -> None:
         """Merge the shard's chunks and held answers, check it reconciles, commit it."""
-        ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
-        summary = shard_summary(ok, failed, w.planned, self.attempts[w.shard] + 1)
-        self._check_lease(w.shard)
-        if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
-            log.warning(
-                "shard %d was committed by another attempt; this one's copy is dropped", w.shard
-            )
+        try:
+            ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
+            summary = shard_summary(ok, failed, w.planned, attempts)
+            self._check_lease(w.shard)
+            if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
+                log.warning(
+                    "shard %d was committed by another attempt; this one's copy is dropped",
+                    w.shard,
+                )
+        except LeaseLostError as exc:
+            self._give_up(w, exc)
+            return
         self.committed.append(w.shard)
         self.progress.shard_done(w.shard, w.planned)
         w.ok, w.failed = [], []

@@ -120,7 +120,16 @@ class ShardRunner(ShardSettling):
         """Feed the shards ``queue`` hands out to one engine without a break between
         them, until it is closed and every shard taken is settled: committed, failed
         (``failures``) or, with ``retry_in_place``, left to ``run`` to try again. An
-        engine that dies is replaced and the shards it did not fail are fed again."""
+        engine that dies is replaced and the shards it did not fail are fed again. Returns
+        once every shard handed to the commit thread is committed."""
+        try:
+            self._feed_until_settled(queue, engines)
+        except BaseException:
+            self.commits.abandon_errors()
+            raise
+        self.commits.drain()
+
+    def _feed_until_settled(self, queue: ShardQueue, engines: EngineSource) -> None:
         work: dict[int, ShardWork] = {}
         self._engines = engines
         while True:
