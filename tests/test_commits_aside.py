@@ -81,6 +81,28 @@ def test_abandoning_logs_a_failed_commit_and_waits_for_the_rest(caplog):
     assert "went away" in caplog.text
 
 
+def test_drain_raises_the_first_failure_and_logs_the_others(caplog):
+    hold = threading.Event()
+
+    def broken(n: int):
+        def run() -> None:
+            hold.wait(timeout=10)
+            raise StoreError(f"commit {n} failed")
+
+        return run
+
+    commits = BackgroundCommits(ahead=5)
+    for n in range(3):
+        commits.submit(broken(n))
+    hold.set()
+    logged = caplog.at_level(logging.ERROR, logger="nightshift.running.committing")
+    with logged, pytest.raises(StoreError, match="commit 0"):
+        commits.drain()
+    assert "commit 1" in caplog.text and "commit 2" in caplog.text
+    commits.check()  # nothing stale is left to raise later
+    commits.drain()
+
+
 @pytest.fixture
 def flow_spec(models, ticket_dir, tmp_path, write_spec):
     """120 tickets in 11 shards of up to 12, chunks of 5, on the fake engine."""
@@ -127,22 +149,30 @@ def test_the_engine_is_fed_while_a_finished_shard_commits(
     assert_exactly_once(str(tmp_path / "out"), "ticket_id", input_ids(ticket_dir))
 
 
-def test_a_commit_that_fails_stops_the_run_with_its_error_and_a_rerun_loses_nothing(
-    flow_spec, ticket_dir, tmp_path, monkeypatch
+@pytest.mark.parametrize("broken", [3, 10])  # 10: the last shard, nothing fed after it
+def test_a_commit_that_fails_fails_its_shard_and_a_rerun_loses_nothing(
+    flow_spec, ticket_dir, tmp_path, monkeypatch, broken
 ):
+    """The store failing a shard's commit fails that shard (named, with the store's
+    error), not the run: the others commit, the flow ends instead of waiting on it, and
+    a rerun commits it from its checkpoints."""
     commit = ShardStore.commit
 
     def failing(self, shard, *args, **kwargs):
-        if shard == 3:
-            raise StoreError("PUT results/shard-00003: the bucket went away")
+        if shard == broken:
+            raise StoreError(f"PUT results/shard-{shard:05d}: the bucket went away")
         return commit(self, shard, *args, **kwargs)
 
     monkeypatch.setattr(ShardStore, "commit", failing)
-    with pytest.raises(Exception, match="bucket went away"):
-        job_flow(spec_path=str(flow_spec))
+    outcome: list = []
+    run = threading.Thread(target=lambda: outcome.append(_flow_error(flow_spec)), daemon=True)
+    run.start()
+    run.join(timeout=240)
+    assert not run.is_alive(), "the flow waited on a shard whose commit had failed"
+    assert "bucket went away" in str(outcome[0])
     out = str(tmp_path / "out")
     markers = JobOutput(out).shards.committed()
-    assert 0 in markers and 3 not in markers  # shards before it committed; not shard 3
+    assert sorted(markers) == [s for s in range(11) if s != broken]
     ids = committed_ids(out, "ticket_id")
     assert len(set(ids["results"] + ids["failed"])) == sum(
         m["records"]["planned"] for m in markers.values()
@@ -152,3 +182,36 @@ def test_a_commit_that_fails_stops_the_run_with_its_error_and_a_rerun_loses_noth
     report = job_flow(spec_path=str(flow_spec))
     assert report["shards"]["committed"] == report["shards"]["count"]
     assert_exactly_once(out, "ticket_id", input_ids(ticket_dir))
+
+
+def _flow_error(spec_path) -> BaseException | None:
+    try:
+        job_flow(spec_path=str(spec_path))
+    except Exception as exc:  # noqa: BLE001 (the test reads it)
+        return exc
+    return None
+
+
+def test_without_prefect_a_commit_that_failed_once_runs_again_in_place(
+    flow_spec, ticket_dir, tmp_path, monkeypatch
+):
+    """``pipelines.direct`` retries in place: a shard whose commit failed once runs again
+    from its checkpoints, as after an engine death, and the run ends whole."""
+    from nightshift.jobs.loading import load_spec
+    from nightshift.pipelines.direct import run_job
+
+    commit, calls = ShardStore.commit, []
+
+    def once(self, shard, *args, **kwargs):
+        calls.append(shard)
+        if calls.count(shard) == 1 and shard == 2:
+            raise StoreError("PUT results/shard-00002: SlowDown")
+        return commit(self, shard, *args, **kwargs)
+
+    monkeypatch.setattr(ShardStore, "commit", once)
+    outcome = run_job(load_spec(flow_spec), progress=False)
+    assert calls.count(2) == 2
+    markers = JobOutput(str(tmp_path / "out")).shards.committed()
+    assert sorted(markers) == list(range(11)) and markers[2]["attempts"] == 2
+    assert_exactly_once(str(tmp_path / "out"), "ticket_id", input_ids(ticket_dir))
+    assert outcome is not None

@@ -11,8 +11,10 @@ that, so memory holds a bounded number of finished shards).
 Nothing about durability changes: a shard counts as committed only once its marker
 exists, exactly as before. A kill while a commit waits loses what a kill mid-commit
 lost before (the answers held since the shard's last chunk), and a rerun commits the
-shard from its checkpoints. A commit that fails raises in the feeding thread at its
-next ``check`` or ``drain``.
+shard from its checkpoints. A commit whose store fails settles its shard as failed
+(``settling._commit_failed``: a retry or a rerun continues it from its checkpoints);
+anything else a commit raises reaches the feeding thread at its next ``check`` (while
+it waits for work) or ``drain``.
 """
 
 from __future__ import annotations
@@ -53,22 +55,27 @@ class BackgroundCommits:
             self._pending.popleft().result()
 
     def drain(self) -> None:
-        """Wait for every commit submitted; raise the first that failed."""
+        """Wait for every commit submitted; raise the first that failed (logging any
+        after it)."""
         try:
             while self._pending:
                 self._pending.popleft().result()
-        finally:
-            self._close()
+        except BaseException:
+            self.abandon_errors()
+            raise
+        self._close()
 
     def abandon_errors(self) -> None:
         """Wait for every commit, logging (not raising) their errors: another error is
         already on its way out."""
-        while self._pending:
-            try:
-                self._pending.popleft().result()
-            except Exception as exc:  # noqa: BLE001 (the caller's error goes on)
-                log.error("a shard's commit failed too: %s", exc)
-        self._close()
+        try:
+            while self._pending:
+                try:
+                    self._pending.popleft().result()
+                except Exception as exc:  # noqa: BLE001 (the caller's error goes on)
+                    log.error("a shard's commit failed too: %s", exc)
+        finally:
+            self._close()
 
     def _close(self) -> None:
         if self._pool is not None:

@@ -78,7 +78,6 @@ class ShardSettling:
         self._settled(w.shard)
 
     def _checkpoint(self, w: ShardWork) -> None:
-        self.commits.check()  # a commit that failed stops the run here, not at its end
         if not w.held:
             return
         self._check_lease(w.shard)
@@ -110,10 +109,23 @@ class ShardSettling:
         except LeaseLostError as exc:
             self._give_up(w, exc)
             return
+        except Exception as exc:  # noqa: BLE001 (a store that failed: this shard's attempt)
+            self._commit_failed(w, exc)
+            return
         self.committed.append(w.shard)
         self.progress.shard_done(w.shard, w.planned)
         w.ok, w.failed = [], []
         self._settled(w.shard)
+
+    def _commit_failed(self, w: ShardWork, exc: Exception) -> None:
+        """The shard's commit raised (its store failed, or it did not reconcile): the
+        shard settles as failed, with its checkpoints kept for a retry or a rerun (the
+        answers held since its last chunk are asked again). The run goes on; with
+        ``retry_in_place`` the shard runs again here, as after an engine death."""
+        reason = f"its commit failed: {exc}"
+        log.error("shard %d: %s", w.shard, reason)
+        if self._fail_or_rerun(w, reason):
+            self._rerun.append(w.shard)  # read by ``run`` once the commits have drained
 
     def _settled(self, shard: int) -> None:
         if self.on_settled is not None:

@@ -45,6 +45,7 @@ from nightshift.running.totals import RunTotals
 
 FAIL_FAST_RECORDS = 50
 IDLE_WAIT_S = 0.05  # with nothing in flight, how long the feed waits for a shard to come
+COMMIT_POLL_S = 1.0  # with no shard open, how often the wait for one checks the commits
 
 
 class EngineSource(Protocol):
@@ -169,8 +170,12 @@ class ShardRunner(ShardSettling):
         join ``work`` (and ``feed``). With nothing open, ``wait`` for one (None: until
         one comes or the queue is closed)."""
         while not self.stopping.is_set():
-            shard = queue.take(wait=wait if not work else 0)
+            poll = COMMIT_POLL_S if wait is None else wait
+            shard = queue.take(wait=poll if not work else 0)
             if shard is None:
+                if wait is None and not work and not queue.finished:
+                    self.commits.check()  # waiting on the queue, not on a failed commit
+                    continue
                 return
             self.failures.pop(shard, None)  # a caller's retry starts it afresh
             self.lost.discard(shard)
@@ -226,6 +231,8 @@ class ShardRunner(ShardSettling):
                 feed.close_input()
             idle = not feed.in_flight
             request = feed.next_request(wait=IDLE_WAIT_S if idle else 0)
+            if request is None:
+                self.commits.check()  # nothing to send: a failed commit ends the wait
             for shard in feed.newly_fed():  # all its requests may be back already
                 if shard in work and feed.stuck(shard):
                     self._unanswered(work.pop(shard))
