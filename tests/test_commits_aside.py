@@ -4,6 +4,7 @@ run with its error and loses nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -36,12 +37,19 @@ def test_commits_run_in_the_order_given_with_at_most_ahead_waiting():
 
     commits.submit(commit(0))  # written now (held back by ``release``)
     commits.submit(commit(1))  # the one allowed to wait
-    third = threading.Thread(target=commits.submit, args=(commit(2),))
-    third.start()
-    time.sleep(0.3)
-    assert third.is_alive()  # the feeding thread waits: two finished shards held already
+    began, returned = threading.Event(), threading.Event()
+
+    def third() -> None:
+        began.set()
+        commits.submit(commit(2))
+        returned.set()
+
+    threading.Thread(target=third).start()
+    assert began.wait(timeout=10)
+    # the feeding thread waits: two finished shards are held already
+    assert not returned.wait(timeout=0.5)
     release.set()
-    third.join(timeout=10)
+    assert returned.wait(timeout=10)
     commits.drain()
     assert done == [0, 1, 2]
 
@@ -107,7 +115,7 @@ def test_drain_raises_the_first_failure_and_logs_the_others(caplog):
 def flow_spec(models, ticket_dir, tmp_path, write_spec):
     """120 tickets in 11 shards of up to 12, chunks of 5, on the fake engine."""
     data = spec_dict(models["chat"], ticket_dir, tmp_path / "out", plan={"shard_records": 12})
-    data["run"] = {"engine": "fake", "chunk_records": 5}
+    data["run"] = {"engine": "fake", "chunk_records": 5, "canary": False, "retry_delay_s": [0]}
     return write_spec(data)
 
 
@@ -215,3 +223,52 @@ def test_without_prefect_a_commit_that_failed_once_runs_again_in_place(
     assert sorted(markers) == list(range(11)) and markers[2]["attempts"] == 2
     assert_exactly_once(str(tmp_path / "out"), "ticket_id", input_ids(ticket_dir))
     assert outcome is not None
+
+
+@pytest.mark.parametrize("runner", ["direct", "flow"])
+def test_a_commit_that_failed_after_its_marker_keeps_the_shard_committed(
+    flow_spec, ticket_dir, tmp_path, monkeypatch, runner
+):
+    """The store took the marker but the call failed after it (a response lost on the
+    way back): the shard is committed, its files stay whole, and no retry writes over
+    them or deletes them."""
+    from nightshift.jobs.loading import load_spec
+    from nightshift.pipelines.direct import run_job
+
+    commit, calls = ShardStore.commit, []
+
+    def lost_reply(self, shard, *args, **kwargs):
+        calls.append(shard)
+        won = commit(self, shard, *args, **kwargs)
+        if shard == 4 and calls.count(4) == 1:
+            raise StoreError("PUT committed/shard-00004.json: connection reset")
+        return won
+
+    monkeypatch.setattr(ShardStore, "commit", lost_reply)
+    if runner == "direct":
+        run_job(load_spec(flow_spec), progress=False)
+    else:
+        job_flow(spec_path=str(flow_spec))
+    out = str(tmp_path / "out")
+    markers = JobOutput(out).shards.committed()
+    assert sorted(markers) == list(range(11)) and calls.count(4) == 1
+    for f in markers[4]["files"]:
+        data = (tmp_path / "out" / f["key"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f["sha256"]
+    assert_exactly_once(out, "ticket_id", input_ids(ticket_dir))
+
+
+def test_a_loser_s_commit_never_deletes_a_file_the_winner_s_marker_names(tmp_path):
+    """Two commits of one shard under one attempt's keys (a retry in the same run): the
+    second loses the marker and must not delete the files the first's marker names."""
+    import pyarrow as pa
+
+    from nightshift.io.objectstore import LocalStore
+
+    shards = ShardStore(LocalStore(tmp_path))
+    table = pa.table({"ticket_id": ["a", "b"]})
+    summary = {"records": {"planned": 2, "ok": 2, "failed": 0}}
+    assert shards.commit(0, "a1", {"ok": table}, summary)
+    assert not shards.commit(0, "a1", {"ok": table}, summary)
+    for f in shards.committed()[0]["files"]:
+        assert (tmp_path / f["key"]).exists()

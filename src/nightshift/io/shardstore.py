@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -44,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.errors import ObjectNotFound
+from nightshift.errors import ObjectNotFound, StoreError
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.parquetfiles import (
@@ -54,6 +55,8 @@ from nightshift.io.parquetfiles import (
     read_table,
     write_options,
 )
+
+log = logging.getLogger(__name__)
 
 COMMITTED, RESULTS, FAILED, WORK = "committed", "results", "failed", "_work"
 # The only names nightshift writes in results/ and failed/; nothing else there is touched.
@@ -159,15 +162,22 @@ class ShardStore:
         marker = {"shard": shard, "attempt": attempt, "files": [asdict(f) for f in files]}
         marker.update(summary, committed_at=time.time())
         if not self.store.put_if_absent(self.marker_key(shard), json.dumps(marker).encode()):
-            self.store.delete([f.key for f in files])
+            winner = self.marker(shard) or {"files": []}
+            named = {f["key"] for f in winner["files"]}  # never a file the marker names
+            self.store.delete([f.key for f in files if f.key not in named])
             self.forget_work(shard)  # the winner's marker names the shard's data now
             return False
         self.forget_work(shard)
         return True
 
     def forget_work(self, shard: int) -> None:
-        """Delete a committed shard's checkpoints (the marker names its data now)."""
-        self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
+        """Delete a committed shard's checkpoints (the marker names its data now). Best
+        effort: the shard is committed whatever happens here, and what is left is only
+        ever read for a shard without a marker."""
+        try:
+            self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
+        except StoreError as exc:
+            log.warning("shard %d is committed; its checkpoints stay: %s", shard, exc)
 
     def marker(self, shard: int) -> dict[str, Any] | None:
         """The shard's commit marker, or None while it is uncommitted (one read)."""

@@ -19,7 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
-from nightshift.errors import EngineFatalError, LeaseLostError
+from nightshift.errors import EngineFatalError, LeaseLostError, StoreAccessError, StoreError
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.committing import BackgroundCommits
@@ -96,8 +96,13 @@ class ShardSettling:
         self.commits.submit(lambda: self._commit(w, attempts))
 
     def _commit(self, w: ShardWork, attempts: int) -> None:
-        """Merge the shard's chunks and held answers, check it reconciles, commit it."""
+        """Merge the shard's chunks and held answers, check it reconciles, commit it
+        (on the commit thread)."""
         try:
+            if self.shards.marker(w.shard) is not None:  # a retry of a commit that got there
+                self.shards.forget_work(w.shard)
+                self._committed(w)
+                return
             ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
             summary = shard_summary(ok, failed, w.planned, attempts)
             self._check_lease(w.shard)
@@ -109,19 +114,32 @@ class ShardSettling:
         except LeaseLostError as exc:
             self._give_up(w, exc)
             return
-        except Exception as exc:  # noqa: BLE001 (a store that failed: this shard's attempt)
+        except StoreError as exc:
+            if isinstance(exc, StoreAccessError):
+                raise  # the user's to fix (credentials, bucket): the run stops, as before
             self._commit_failed(w, exc)
             return
+        self._committed(w)
+
+    def _committed(self, w: ShardWork) -> None:
         self.committed.append(w.shard)
         self.progress.shard_done(w.shard, w.planned)
         w.ok, w.failed = [], []
         self._settled(w.shard)
 
-    def _commit_failed(self, w: ShardWork, exc: Exception) -> None:
-        """The shard's commit raised (its store failed, or it did not reconcile): the
-        shard settles as failed, with its checkpoints kept for a retry or a rerun (the
-        answers held since its last chunk are asked again). The run goes on; with
+    def _commit_failed(self, w: ShardWork, exc: StoreError) -> None:
+        """The store failed the shard's commit: unless its marker got written after all,
+        the shard settles as failed, its held answers checkpointed where the store lets
+        them be, for a retry or a rerun to continue from. The run goes on; with
         ``retry_in_place`` the shard runs again here, as after an engine death."""
+        try:
+            if self.shards.marker(w.shard) is not None:
+                log.warning("shard %d is committed; what failed after its marker: %s", w.shard, exc)
+                self._committed(w)
+                return
+            self._checkpoint(w)
+        except (StoreError, LeaseLostError) as again:
+            log.warning("shard %d: its answers since its last chunk are lost: %s", w.shard, again)
         reason = f"its commit failed: {exc}"
         log.error("shard %d: %s", w.shard, reason)
         if self._fail_or_rerun(w, reason):
