@@ -19,7 +19,7 @@ from nightshift.pipelines.flow import job_flow
 from nightshift.running.committing import BackgroundCommits
 
 from .conftest import spec_dict
-from .durable import assert_exactly_once, committed_ids
+from .durable import assert_exactly_once, committed_ids, generated_prompts
 
 
 def test_commits_run_in_the_order_given_with_at_most_ahead_waiting():
@@ -217,8 +217,13 @@ def test_without_prefect_a_commit_that_failed_once_runs_again_in_place(
         return commit(self, shard, *args, **kwargs)
 
     monkeypatch.setattr(ShardStore, "commit", once)
+    log = tmp_path / "generated.log"
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_LOG", str(log))
     outcome = run_job(load_spec(flow_spec), progress=False)
     assert calls.count(2) == 2
+    # the answers it held at the failed commit were checkpointed: none was asked again
+    prompts = generated_prompts(log)
+    assert prompts and len(prompts) == len(set(prompts))
     markers = JobOutput(str(tmp_path / "out")).shards.committed()
     assert sorted(markers) == list(range(11)) and markers[2]["attempts"] == 2
     assert_exactly_once(str(tmp_path / "out"), "ticket_id", input_ids(ticket_dir))

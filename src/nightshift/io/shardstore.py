@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nightshift.errors import ObjectNotFound, StoreError
+from nightshift.errors import ObjectNotFound, StoreAccessError, StoreError
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.parquetfiles import (
@@ -173,9 +173,12 @@ class ShardStore:
     def forget_work(self, shard: int) -> None:
         """Delete a committed shard's checkpoints (the marker names its data now). Best
         effort: the shard is committed whatever happens here, and what is left is only
-        ever read for a shard without a marker."""
+        ever read for a shard without a marker. A store that refuses us (no permission
+        to delete) still stops the run: the user's to fix."""
         try:
             self.store.delete(self.store.list(f"{WORK}/{shard_name(shard)}/"))
+        except StoreAccessError:
+            raise
         except StoreError as exc:
             log.warning("shard %d is committed; its checkpoints stay: %s", shard, exc)
 

@@ -138,7 +138,12 @@ class ShardSettling:
                 self._committed(w)
                 return
             self._checkpoint(w)
-        except (StoreError, LeaseLostError) as again:
+        except LeaseLostError as lost:  # another worker has the shard now
+            self._give_up(w, lost)
+            return
+        except StoreError as again:
+            if isinstance(again, StoreAccessError):
+                raise
             log.warning("shard %d: its answers since its last chunk are lost: %s", w.shard, again)
         reason = f"its commit failed: {exc}"
         log.error("shard %d: %s", w.shard, reason)
