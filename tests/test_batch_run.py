@@ -102,7 +102,9 @@ def test_an_openai_batch_killed_midway_resumes_and_a_rerun_writes_the_same_bytes
     good, bad = openai_file(source)
     args = [str(source), str(out), "--model", str(models["chat"]), *FAKE]
     small = ["--set", "run.chunk_records=4", "--set", "plan.shard_records=8"]
-    first = batch_cli(*args, *small, env={"NIGHTSHIFT_CRASH_AT": "chunk.written:2"})
+    # the third chunk: shard 1's first, after shard 0's two (the second checkpointed as
+    # shard 0 went to its commit)
+    first = batch_cli(*args, *small, env={"NIGHTSHIFT_CRASH_AT": "chunk.written:3"})
     assert first.returncode == -signal.SIGKILL, first.stderr
     assert not out.exists()  # written only once the job is done
     log = tmp_path / "fake.log"

@@ -162,8 +162,14 @@ def test_clean_up_keeps_the_data_of_an_attempt_elsewhere_until_it_commits(
     monkeypatch.setattr(shardstore, "crash_point", pause_b)
     job_b = start_run(spec, progress=False)
     engines_b = EnginePool(spec, FakeEngine())
+    commit_b = job_b.runner.shards.commit
+
+    def b_commits(*args, **kwargs):  # on B's commit thread (running.committing)
+        b_thread.append(threading.current_thread())
+        return commit_b(*args, **kwargs)
+
+    job_b.runner.shards.commit = b_commits
     b = threading.Thread(target=job_b.runner.run, args=([0], engines_b))
-    b_thread.append(b)
     b.start()
     assert paused.wait(60)
 

@@ -91,7 +91,15 @@ class ShardSettling:
         w.ok, w.failed, w.since = [], [], time.monotonic()
 
     def _finish(self, w: ShardWork) -> None:
-        """``w`` has every answer: commit it on the commit thread (``running.committing``)."""
+        """``w`` has every answer: checkpoint the ones it holds, then commit it on the
+        commit thread (``running.committing``). The checkpoint comes first so that a kill
+        while the commit waits loses none of this shard's answers: a rerun commits it from
+        its chunks, and a kill still redoes at most the open shards' last chunks."""
+        try:
+            self._checkpoint(w)
+        except LeaseLostError as exc:  # ``w`` is out of ``work`` already
+            self._give_up(w, exc)
+            return
         attempts = self.attempts[w.shard] + 1  # counted now: the feeding thread changes it
         self.commits.submit(lambda: self._commit(w, attempts))
 
