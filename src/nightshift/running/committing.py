@@ -9,9 +9,9 @@ time, in the order given, at most ``ahead`` waiting (the feeding thread waits be
 that, so memory holds a bounded number of finished shards).
 
 Nothing about durability changes: a shard counts as committed only once its marker
-exists, exactly as before. A kill while a commit waits loses what a kill mid-commit
-lost before (the answers held since the shard's last chunk), and a rerun commits the
-shard from its checkpoints. A commit whose store fails settles its shard as failed
+exists, exactly as before. A shard checkpoints the answers it holds before it is handed
+over (``settling._finish``), so a kill while its commit waits loses none of them: a
+rerun commits the shard from its checkpoints. A commit whose store fails settles its shard as failed
 (``settling._commit_failed``: a retry or a rerun continues it from its checkpoints);
 anything else a commit raises reaches the feeding thread at its next ``check`` (while
 it waits for work) or ``drain``.
