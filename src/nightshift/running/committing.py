@@ -11,10 +11,10 @@ that, so memory holds a bounded number of finished shards).
 Nothing about durability changes: a shard counts as committed only once its marker
 exists, exactly as before. A shard checkpoints the answers it holds before it is handed
 over (``settling._finish``), so a kill while its commit waits loses none of them: a
-rerun commits the shard from its checkpoints. A commit whose store fails settles its shard as failed
-(``settling._commit_failed``: a retry or a rerun continues it from its checkpoints);
-anything else a commit raises reaches the feeding thread at its next ``check`` (while
-it waits for work) or ``drain``.
+rerun commits the shard from its checkpoints. A commit whose store fails settles its
+shard as failed (``settling._commit_failed``: a retry or a rerun continues it from its
+checkpoints); anything else a commit raises reaches the feeding thread at its next
+``check`` (while it waits for work) or ``drain``.
 """
 
 from __future__ import annotations

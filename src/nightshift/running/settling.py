@@ -137,22 +137,19 @@ class ShardSettling:
 
     def _commit_failed(self, w: ShardWork, exc: StoreError) -> None:
         """The store failed the shard's commit: unless its marker got written after all,
-        the shard settles as failed, its held answers checkpointed where the store lets
-        them be, for a retry or a rerun to continue from. The run goes on; with
-        ``retry_in_place`` the shard runs again here, as after an engine death."""
+        the shard settles as failed, for a retry or a rerun to continue from its chunks
+        (``_finish`` checkpointed every answer before the hand-over). The run goes on;
+        with ``retry_in_place`` the shard runs again here, as after an engine death."""
         try:
-            if self.shards.marker(w.shard) is not None:
-                log.warning("shard %d is committed; what failed after its marker: %s", w.shard, exc)
-                self._committed(w)
-                return
-            self._checkpoint(w)
-        except LeaseLostError as lost:  # another worker has the shard now
-            self._give_up(w, lost)
-            return
+            committed = self.shards.marker(w.shard) is not None
         except StoreError as again:
             if isinstance(again, StoreAccessError):
                 raise
-            log.warning("shard %d: its answers since its last chunk are lost: %s", w.shard, again)
+            committed = False  # the retry reads the marker again before it writes
+        if committed:
+            log.warning("shard %d is committed; what failed after its marker: %s", w.shard, exc)
+            self._committed(w)
+            return
         reason = f"its commit failed: {exc}"
         log.error("shard %d: %s", w.shard, reason)
         if self._fail_or_rerun(w, reason):
