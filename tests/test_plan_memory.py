@@ -118,3 +118,87 @@ def test_an_allocator_setting_the_user_made_is_kept():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert shown.stdout.strip() == "dirty_decay_ms:5000"
+
+
+def _texts(count: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    stems = ["", "s" * 64, "s" * 200 + "t" * 64, "u" * 70, "d" * 900]  # one goes deep
+    return [
+        rng.choice(stems) + "".join(rng.choices("ab", k=rng.randint(0, 260))) for _ in range(count)
+    ]
+
+
+@pytest.mark.parametrize("at_once", [0, 3, 40, 1 << 20])
+def test_depth_from_the_chunk_key_file_is_depth_from_keys_in_memory(at_once, monkeypatch):
+    """Keys added slice by slice, read back a window of levels at a time for some of the
+    records in any order, give what counting every shared key by hand gives over those
+    records: level by level, windows, the rest at once, and each mixed."""
+    from collections import Counter
+
+    import numpy as np
+
+    from nightshift.scheduling import sharing
+    from nightshift.scheduling.chunkkeys import ChunkKeys
+    from nightshift.scheduling.sharing import chunk_keys, depth_of
+
+    monkeypatch.setattr(sharing, "AT_ONCE_KEYS", at_once)
+    keys = chunk_keys(pl.Series(_texts(400, 5)), 64)
+    wanted = np.random.default_rng(3).permutation(400)[:300]  # a subset, shuffled
+    with ChunkKeys() as chunks:
+        start = 0
+        for size in (1, 0, 120, 7, 200, 72):  # slices of any size, an empty one too
+            chunks.add(keys.slice(start, size))
+            start += size
+        got = depth_of(chunks, wanted)
+    rows = [keys[int(k)].to_list() for k in wanted]
+    seen = Counter(k for row in rows for k in row)
+    expected = []
+    for row in rows:
+        depth = next((d for d, k in enumerate(row) if seen[k] < 2), len(row))
+        expected.append((depth, row[depth - 1] if depth else None))
+    assert list(zip(got["depth"].to_list(), got["node"].to_list(), strict=True)) == expected
+    assert max(d for d, _ in expected) >= 14  # the long stem: many windows deep
+
+
+def test_the_chunk_key_file_gives_back_a_window_of_levels_and_is_removed_when_closed():
+    import numpy as np
+
+    from nightshift.scheduling.chunkkeys import ChunkKeys
+
+    lists = pl.Series([[1, 2, 3], None, [4], [5, 6, 7, 8], []], dtype=pl.List(pl.UInt64))
+    chunks = ChunkKeys()
+    chunks.add(lists.slice(0, 2))
+    chunks.add(None, 0)
+    chunks.add(lists.slice(2, 3))
+    assert chunks.records == 5 and chunks.counts().tolist() == [3, 0, 1, 4, 0]
+    takes, values = chunks.gather(np.array([0, 1, 3, 4]), 1, 2)
+    assert takes.tolist() == [2, 0, 2, 0] and values.tolist() == [2, 3, 6, 7]
+    takes, values = chunks.gather(np.array([2, 3]), 0, None)
+    assert takes.tolist() == [1, 4] and values.tolist() == [4, 5, 6, 7, 8]
+    with pytest.raises(RuntimeError, match="before any is read back"):
+        chunks.add(lists)
+    folder = Path(chunks._folder.name)
+    assert (folder / "keys.arrow").is_file()
+    chunks.close()
+    assert not folder.exists()
+
+
+def test_the_plan_keeps_no_chunk_keys_in_its_key_frame(models, questions_input, tmp_path):
+    """The first pass hands each record's chunk keys to the file and keeps its number."""
+    from nightshift.scheduling.chunkkeys import ChunkKeys
+    from nightshift.scheduling.firstpass import measure_input
+    from nightshift.scheduling.kvcache import block_size
+    from nightshift.scheduling.measure import RecordMeasurer
+    from nightshift.scheduling.plan import load_encoder, open_job_input
+    from tests.questions import questions_spec
+
+    spec = questions_spec(models, questions_input, tmp_path / "out")
+    dataset, columns = open_job_input(spec)
+    measurer = RecordMeasurer(spec, load_encoder(spec), block_size(spec))
+    with ChunkKeys() as chunks:
+        keys = measure_input(dataset, columns, measurer, False, None, chunks)
+        assert "_chunks" not in keys.columns
+        assert keys["_seq"].to_list() == list(range(keys.height)) == list(range(chunks.records))
+        assert (chunks.counts() > 0).sum() == keys["reject_kind"].is_null().sum() > 0

@@ -37,18 +37,20 @@ def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
     the shared starts. Two records at a time, the nodes and the plan are those of one
     batch."""
     from nightshift.scheduling import prefixes
+    from nightshift.scheduling.chunkkeys import ChunkKeys
     from nightshift.scheduling.firstpass import measure_input
     from nightshift.scheduling.kvcache import block_size
     from nightshift.scheduling.measure import RecordMeasurer
     from nightshift.scheduling.plan import open_job_input
-    from nightshift.scheduling.sharing import shared_depth
+    from nightshift.scheduling.sharing import depth_of
 
     spec = questions_spec(models, questions_input, tmp_path / "out")
     encoder, block = load_encoder(spec), block_size(spec)
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder, block)
-    keys = measure_input(dataset, columns, measurer, False, None)
-    runnable = keys.with_columns(shared_depth(keys["_chunks"]))
+    with ChunkKeys() as chunks:
+        keys = measure_input(dataset, columns, measurer, False, None, chunks)
+        runnable = keys.with_columns(depth_of(chunks, keys["_seq"].to_numpy()))
 
     def nodes() -> pl.DataFrame:
         return prefixes._next_chunks(dataset, measurer, runnable).sort("node")

@@ -228,6 +228,7 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     """The plan encodes each node's shared start once, cut at a word; the run encodes
     every prompt whole. The plan's block keys must be the leading block keys of the
     run's very ids, record by record."""
+    from nightshift.scheduling.chunkkeys import ChunkKeys
     from nightshift.scheduling.firstpass import measure_input
     from nightshift.scheduling.kvcache import block_size
     from nightshift.scheduling.measure import RecordMeasurer
@@ -242,8 +243,9 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     encoder, block = load_encoder(spec), block_size(spec)
     dataset, columns = open_job_input(spec)
     measurer = RecordMeasurer(spec, encoder, block)
-    keys = measure_input(dataset, columns, measurer, False, None)
-    planned = shared_blocks(dataset, measurer, keys, block)
+    with ChunkKeys() as chunks:
+        keys = measure_input(dataset, columns, measurer, False, None, chunks)
+        planned = shared_blocks(dataset, measurer, keys, block, chunks)
     records = pl.read_parquet(tmp_path / "in" / "a.parquet")
     sent = encoder.encode_pieces(rows(renderer_for(spec, encoder).pieces(records)))
     by_id = dict(zip(records["qid"], sent, strict=True))

@@ -2,8 +2,9 @@
 
 Each input file is read once, in order, a read batch at a time; each batch is measured
 (``scheduling.measure.RecordMeasurer``) in slices, and what is kept of a record is its
-key row (where it is, its id, tokens, chunk keys; with dedup its digest), never its
-text. An increment skips the records an earlier plan already has.
+key row (where it is, its id, tokens; with dedup its digest), never its text. Its
+chunk keys go to a file (``scheduling.chunkkeys``) under its number there, ``_seq``. An
+increment skips the records an earlier plan already has.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from nightshift.console import screen
 from nightshift.io.inputs import READ_BATCH, file_batches
+from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import with_digests
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.measure import RecordMeasurer
@@ -33,9 +35,11 @@ def measure_input(
     measurer: RecordMeasurer,
     progress: bool,
     skip: KnownIds | None,
+    chunks: ChunkKeys,
     digests: bool = False,
 ) -> pl.DataFrame:
-    """Pass over every input file once, in order, keeping only each record's keys."""
+    """Pass over every input file once, in order, keeping only each record's keys; its
+    chunk keys are added to ``chunks``, record ``_seq`` there."""
     parts = []
     bar = tqdm(
         total=dataset.count_rows(),
@@ -50,6 +54,8 @@ def measure_input(
             for start, piece in _slices(batch, measurer):
                 part = _measure_part(measurer, piece, index, row + start, skip, digests)
                 if part is not None:
+                    keys = part.drop_in_place("_chunks") if "_chunks" in part.columns else None
+                    chunks.add(keys, part.height)
                     parts.append(part)
             row += batch.num_rows
             bar.update(batch.num_rows)
@@ -58,11 +64,10 @@ def measure_input(
     keys = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema=empty)
     # A batch with no runnable record has no token or chunk columns: type them anyway.
     types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
-    types["_chunks"] = pl.List(pl.UInt64)
     types |= {c: pl.Int32 for c in ("_before", "_after", "_head_bytes", "_tail_bytes")}
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
-    return keys.with_columns(missing)
+    return keys.with_columns(missing).with_row_index("_seq")  # parts were added in order
 
 
 def _slices(

@@ -36,6 +36,7 @@ from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
 from nightshift.memory import give_back_freed
+from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import (
     ANSWERED_FROM,
     dedup_applies,
@@ -198,15 +199,18 @@ def _build_plan(
     dataset, columns = open_job_input(spec)
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
-    keys = measure_input(dataset, columns, measurer, progress, skip_ids, dedup_applies(spec))
-    keys = _reject_duplicate_ids(keys, spec.input.id_column)
-    input_records, rejects, runnable = _set_rejects_apart(keys)
-    del keys  # memory is tight: from here the frames are copies of the runnable records
-    # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
-    runnable, copies = split_copies(runnable)
-    copies = copies.drop("_chunks")  # only originals' chunks count
-    give_back_freed()
-    runnable = shared_blocks(dataset, measurer, runnable, block)
+    with ChunkKeys() as chunks:  # each record's chunk keys, in a file until shared_blocks
+        keys = measure_input(
+            dataset, columns, measurer, progress, skip_ids, chunks, dedup_applies(spec)
+        )
+        keys = _reject_duplicate_ids(keys, spec.input.id_column)
+        input_records, rejects, runnable = _set_rejects_apart(keys)
+        del keys  # memory is tight: from here the frames are copies of the runnable records
+        # Exact repeats (scheduling.dedup): order and cut the originals, copies follow them.
+        runnable, copies = split_copies(runnable)
+        copies = copies.drop("_seq")  # only originals' chunks count
+        give_back_freed()
+        runnable = shared_blocks(dataset, measurer, runnable, block, chunks)
     give_back_freed()
     runnable = prefix_levels(runnable, block).drop("blocks")  # the levels hold the order's keys
     window = _cache_window(spec, runnable)

@@ -1,7 +1,7 @@
 """The block keys of the part of each prompt that other prompts share.
 
 The plan's first pass keeps only byte-chunk keys per record (``scheduling.measure``);
-``shared_depth`` then tells, over all records, how many leading chunks each shares and
+``depth_of`` then tells, over all records, how many leading chunks each shares and
 with which node. This second pass reads again only the records that share a chunk, and
 only the columns their prompts are made from (``RecordMeasurer.prompt_columns``), and
 per node keeps the smallest and largest next chunk (their common start is the exact end
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import polars as pl
 import pyarrow.dataset as ds
 
 from nightshift.io.inputs import READ_BATCH, file_batches, rows_at
+from nightshift.memory import give_back_freed
+from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.frames import attach
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.render import prompt_text
@@ -25,7 +28,7 @@ from nightshift.scheduling.sharing import (
     block_keys,
     common_length,
     cut_pieces,
-    shared_depth,
+    depth_of,
     word_pieces,
 )
 
@@ -37,12 +40,12 @@ def shared_blocks(
     measurer: RecordMeasurer,
     runnable: pl.DataFrame,
     block_size: int,
+    chunks: ChunkKeys,
 ) -> pl.DataFrame:
-    """``runnable`` (with ``_chunks``) with ``blocks`` in place of ``_chunks``. Takes
-    ``_chunks`` out of ``runnable``: more than half a plan's keys, freed once read."""
-    # One piece per read batch until here: made one here, so shared_depth's own copy
-    # is none and the batches' pieces are freed before it starts.
-    where = shared_depth(runnable.drop_in_place("_chunks").rechunk())
+    """``runnable`` (with ``_seq``, each record's number in ``chunks``) with ``blocks``
+    in place of ``_seq``."""
+    where = depth_of(chunks, runnable.drop_in_place("_seq").to_numpy().astype(np.int64))
+    give_back_freed()  # the windows of keys read back
     runnable = runnable.with_columns(where["depth"], where["node"].fill_null(ROOT))
     ends = _next_chunks(dataset, measurer, runnable)
     table = _node_table(dataset, measurer, ends, runnable.height > 1, block_size)

@@ -31,6 +31,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from nightshift.scheduling.chunkkeys import ChunkKeys
+
 MIN_CHUNK_BYTES = 64
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _TRAILING_SPACE = re.compile(r"\s+\S*\Z")
@@ -95,53 +97,100 @@ def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
     return pl.Series(texts.name, lists)
 
 
-AT_ONCE_KEYS = 1 << 20  # keys left below which shared_depth takes the rest in one pass
+AT_ONCE_KEYS = 1 << 20  # keys looked at together: a window of levels, or the rest at once
 
 
 def shared_depth(chunks: pl.Series) -> pl.DataFrame:
-    """Per prompt (its ``chunk_keys``): ``depth``, how many leading chunks another prompt
-    also starts with, and ``node``, its key at that depth (null at depth 0).
+    """``depth_of`` for prompts' ``chunk_keys`` held in memory, in their order."""
+    with ChunkKeys.of(chunks) as keys:
+        return depth_of(keys, np.arange(len(chunks), dtype=np.int64))
+
+
+def depth_of(keys: ChunkKeys, records: np.ndarray) -> pl.DataFrame:
+    """Per record of ``records`` (numbers in ``keys``, in the order wanted): ``depth``, how
+    many leading chunks another of them also starts with, and ``node``, its key at that
+    depth (null at depth 0).
 
     A key covers every chunk before it (and its place), so only a prompt whose first k
-    keys are all shared can share key k, and only with another such prompt. While the
-    prompts still sharing hold many keys (13 a short ticket: 100 MB at a million), one
-    level is looked at a time, never every key at once; the last ``AT_ONCE_KEYS`` are
-    looked at together (a few prompts sharing a long document go thousands of levels
-    deep, and a level is a polars call)."""
-    counts = chunks.list.len().fill_null(0).to_numpy().astype(np.int64)
-    lists = chunks.rechunk().to_arrow()
-    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
-    keys = _Keys(
-        offsets=lists.offsets.to_numpy(zero_copy_only=False).astype(np.int64)[:-1],
-        values=lists.values.to_numpy(zero_copy_only=False),
-        counts=counts,
-        depth=np.zeros(len(counts), dtype=np.uint32),
-        node=np.zeros(len(counts), dtype=np.uint64),
-    )
+    keys are all shared can share key k, and only with another such prompt. So levels
+    are looked at in order, and only for the prompts still sharing, a window of levels
+    at a time read back from ``keys`` (``AT_ONCE_KEYS`` keys a window): all 13 keys of a
+    million short tickets were 100 MB. Once the prompts still sharing have no more keys
+    left than a window holds, they are looked at together (``the_rest``): a few prompts
+    sharing a long document go thousands of levels deep, and a level is a polars call."""
+    order = np.argsort(records, kind="stable")  # keys are read back in record order
+    numbers, found = records[order], _Found.none(len(records))
+    counts = keys.counts()[numbers].astype(np.int64)
     sharing, level = np.flatnonzero(counts > 0), 0
     while len(sharing) > 1:
-        if int(counts[sharing].sum()) - level * len(sharing) <= AT_ONCE_KEYS:
-            keys.the_rest(sharing, level)
+        left = counts[sharing] - level
+        whole = int(left.sum()) <= AT_ONCE_KEYS
+        # a window four times as many keys: a level is cheap on its own, but each window
+        # reads the file again (a million tickets share their first four levels)
+        width = None if whole else max(1, 4 * AT_ONCE_KEYS // len(sharing))
+        window = _Keys.of(*keys.gather(numbers[sharing], level, width), left)
+        if whole:
+            window.the_rest(np.arange(len(sharing)), 0)
+            found.update(sharing, level, window)
             break
-        sharing = keys.one_level(sharing, level)
-        level += 1
-    return pl.DataFrame(
-        {
-            "depth": keys.depth,
-            "node": pl.Series(keys.node, dtype=pl.UInt64).set(pl.Series(keys.depth == 0), None),
-        }
-    )
+        kept, steps = window.levels(width or 0)
+        found.update(sharing, level, window)
+        sharing, level = sharing[kept], level + steps
+    return found.frame(order)
+
+
+class _Found(NamedTuple):
+    depth: np.ndarray
+    node: np.ndarray
+
+    @classmethod
+    def none(cls, size: int) -> _Found:
+        return cls(np.zeros(size, dtype=np.uint32), np.zeros(size, dtype=np.uint64))
+
+    def update(self, sharing: np.ndarray, level: int, window: _Keys) -> None:
+        """What ``window`` (the levels from ``level`` on of ``sharing``) found deeper."""
+        deeper = window.depth > 0
+        self.depth[sharing[deeper]] = level + window.depth[deeper]
+        self.node[sharing[deeper]] = window.node[deeper]
+
+    def frame(self, order: np.ndarray) -> pl.DataFrame:
+        """In the records' own order (they were worked on sorted: ``order``)."""
+        depth, node = np.empty_like(self.depth), np.empty_like(self.node)
+        depth[order], node[order] = self.depth, self.node
+        return pl.DataFrame(
+            {
+                "depth": depth,
+                "node": pl.Series(node, dtype=pl.UInt64).set(pl.Series(depth == 0), None),
+            }
+        )
 
 
 class _Keys(NamedTuple):
-    """Every prompt's chunk keys (flat ``values``, each prompt's ``offsets`` and
-    ``counts``), and the ``depth`` and ``node`` found so far."""
+    """Prompts' chunk keys from some level on (flat ``values``, each prompt's ``offsets``
+    into them and its ``counts`` of keys left, which may run past the keys held), and the
+    ``depth`` and ``node`` found so far, from that level."""
 
     offsets: np.ndarray
     values: np.ndarray
     counts: np.ndarray
     depth: np.ndarray
     node: np.ndarray
+
+    @classmethod
+    def of(cls, held: np.ndarray, values: np.ndarray, counts: np.ndarray) -> _Keys:
+        size = len(held)
+        offsets = np.cumsum(held) - held
+        found = _Found.none(size)
+        return cls(offsets, values, counts.astype(np.int64), found.depth, found.node)
+
+    def levels(self, width: int) -> tuple[np.ndarray, int]:
+        """Level after level, while two prompts or more still share and keys are held:
+        the prompts still sharing after them, and how many levels were looked at."""
+        sharing, level = np.arange(len(self.counts)), 0
+        while len(sharing) > 1 and level < width:
+            sharing = self.one_level(sharing, level)
+            level += 1
+        return sharing, level
 
     def one_level(self, sharing: np.ndarray, level: int) -> np.ndarray:
         """Which of ``sharing`` (prompts whose first ``level`` keys are all shared) share
