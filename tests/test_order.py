@@ -12,9 +12,11 @@ import random
 
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from nightshift.scheduling.order import (
     cut_shards,
+    leaves_of,
     level_count,
     order_records,
     prefix_levels,
@@ -149,6 +151,11 @@ def test_every_group_of_a_random_trie_runs_back_to_back():
     shuffled = records.sample(fraction=1.0, shuffle=True, seed=3)
     again = order_records(prefix_levels(shuffled, BLOCK), BLOCK)
     assert again["record_id"].to_list() == ordered["record_id"].to_list()
+    # as a plan holds them: each record's last shared key, each list once
+    leafed, leaves = leaves_of(records)
+    assert leaves.height < leafed.filter(pl.col("_leaf").is_not_null()).height
+    held = prefix_levels(leafed.drop("blocks"), BLOCK, leaves)
+    assert_frame_equal(held, prefix_levels(records, BLOCK).drop("blocks"))
 
 
 # The golden order is c1(30) | a2(20) a1(14) a3(11) | b2(17) b3(16) b1(15) | c2(5).

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from nightshift.errors import EngineFatalError, LeaseLostError, StoreAccessError, StoreError
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.spec import JobSpec
+from nightshift.memory import give_back_freed
 from nightshift.running.committing import BackgroundCommits
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
@@ -89,6 +90,7 @@ class ShardSettling:
         w.chunks += 1
         w.done_ids.update(r[self.spec.input.id_column] for r in w.ok + w.failed)
         w.ok, w.failed, w.since = [], [], time.monotonic()
+        give_back_freed()  # this thread's: Arrow's pool keeps a thread's freed pages
 
     def _finish(self, w: ShardWork) -> None:
         """``w`` has every answer: checkpoint the ones it holds, then commit it on the

@@ -210,9 +210,10 @@ def _build_plan(
         runnable, copies = split_copies(runnable)
         copies = copies.drop("_seq")  # only originals' chunks count
         give_back_freed()
-        runnable = shared_blocks(dataset, measurer, runnable, block, chunks)
+        runnable, leaves = shared_blocks(dataset, measurer, runnable, block, chunks)
     give_back_freed()
-    runnable = prefix_levels(runnable, block).drop("blocks")  # the levels hold the order's keys
+    runnable = prefix_levels(runnable, block, leaves)  # the levels hold the order's keys
+    del leaves
     window = _cache_window(spec, runnable)
     input_order = reuse_share(predicted_cached(runnable, block, window), runnable["tokens"])
     ordered = order_records(runnable, block)

@@ -23,6 +23,7 @@ from nightshift.memory import give_back_freed
 from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.frames import attach
 from nightshift.scheduling.measure import RecordMeasurer
+from nightshift.scheduling.order import leaves_of
 from nightshift.scheduling.render import prompt_text
 from nightshift.scheduling.sharing import (
     block_keys,
@@ -41,16 +42,18 @@ def shared_blocks(
     runnable: pl.DataFrame,
     block_size: int,
     chunks: ChunkKeys,
-) -> pl.DataFrame:
-    """``runnable`` (with ``_seq``, each record's number in ``chunks``) with ``blocks``
-    in place of ``_seq``."""
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``runnable`` (with ``_seq``, each record's number in ``chunks``) with ``_leaf``, the
+    last key of its shared blocks, in place of ``_seq``; and each leaf's blocks
+    (``order.leaves_of``: ``order.prefix_levels`` takes both)."""
     where = depth_of(chunks, runnable.drop_in_place("_seq").to_numpy().astype(np.int64))
     give_back_freed()  # the windows of keys read back
     runnable = runnable.with_columns(where["depth"], where["node"].fill_null(ROOT))
     ends = _next_chunks(dataset, measurer, runnable)
     table = _node_table(dataset, measurer, ends, runnable.height > 1, block_size)
-    runnable = attach(runnable, table, "node").drop("depth", "node")
-    return measurer.refine(runnable)
+    table, leaves = leaves_of(table)  # a node's records share its list: held once
+    runnable = attach(runnable, table.drop("blocks"), "node").drop("depth", "node")
+    return measurer.refine(runnable), leaves
 
 
 def _node_table(
