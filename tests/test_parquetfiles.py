@@ -101,3 +101,33 @@ def test_a_chunk_of_vectors_is_left_uncompressed_and_one_of_text_gets_lz4(tmp_pa
         assert (size < table.nbytes / 4) is compressed, (chunk.key, size, table.nbytes)
     back = shards.read(shards.checkpoint(0), "ok")
     assert back[0].equals(vectors) and back[1].equals(text)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_shard_of_vectors_is_written_in_row_groups_and_short_rows_in_one(
+    tmp_path, monkeypatch, large
+):
+    """Parquet's writer holds a whole row group while it encodes it: rows of vectors go
+    in groups of about ROW_GROUP_BYTES; a shard of short rows stays one group."""
+    from nightshift.io import parquetfiles
+
+    monkeypatch.setattr(parquetfiles, "ROW_GROUP_BYTES", 256 * 1024)
+    if large:
+        monkeypatch.setattr(shardstore, "PUT_IN_ONE", 1_000)
+    vectors = np.random.default_rng(1).uniform(-1, 1, (5000, 64)).astype(np.float32)
+    wide = pa.table(
+        {
+            "ticket_id": [f"t{i}" for i in range(5000)],
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 64),
+        }
+    )
+    short = pa.table({"ticket_id": [f"t{i}" for i in range(5000)], "label": ["bug"] * 5000})
+    shards = ShardStore(LocalStore(tmp_path))
+    for shard, table in enumerate([wide, short]):
+        assert shards.commit(shard, "a1", {"ok": table}, {"records": 5000})
+    files = {s: m["files"][0]["key"] for s, m in shards.committed().items()}
+    wide_file = pq.ParquetFile(tmp_path / files[0])
+    rows = [wide_file.metadata.row_group(i).num_rows for i in range(wide_file.num_row_groups)]
+    assert rows == [1024] * 4 + [904]  # 260 bytes a row: the 1,024 floor
+    assert wide_file.read().equals(wide)
+    assert pq.ParquetFile(tmp_path / files[1]).num_row_groups == 1

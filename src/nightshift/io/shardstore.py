@@ -43,7 +43,6 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from nightshift.errors import ObjectNotFound, StoreAccessError, StoreError
 from nightshift.faults import crash_point
@@ -53,7 +52,7 @@ from nightshift.io.parquetfiles import (
     chunk_bytes,
     parquet_bytes,
     read_table,
-    write_options,
+    write_parquet,
 )
 
 log = logging.getLogger(__name__)
@@ -224,7 +223,7 @@ class ShardStore:
         digest = hashlib.sha256()  # a large shard: written as a file (parts on S3)
 
         def write(out: BinaryIO) -> None:
-            pq.write_table(table, _Digesting(out, digest), **write_options(table.schema))
+            write_parquet(table, _Digesting(out, digest))
 
         self.store.put_written(key, write)
         return StoredFile(key, table.num_rows, digest.hexdigest(), kind)

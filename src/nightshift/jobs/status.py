@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from nightshift.errors import UserError
 from nightshift.io.objectstore import open_store
 from nightshift.io.outputs import JobOutput
-from nightshift.io.parquetfiles import write_options
+from nightshift.io.parquetfiles import row_group_rows, write_options
 
 
 def output_status(location: str) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def export_results(location: str, destination: str) -> tuple[str, int]:
         for n, key in enumerate(keys):
             part = pq.read_table(output.store.download(key, Path(tmp) / f"{n}.parquet"))
             writer = writer or pq.ParquetWriter(merged, part.schema, **write_options(part.schema))
-            writer.write_table(part)
+            writer.write_table(part, row_group_size=row_group_rows(part))
             rows += part.num_rows
         writer.close()
         parent, _, name = destination.rstrip("/").rpartition("/")
