@@ -9,10 +9,13 @@ import logging
 import threading
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from nightshift.engines.fake import FakeEngine
 from nightshift.errors import StoreError
+from nightshift.io.objectstore import LocalStore
 from nightshift.io.outputs import JobOutput
 from nightshift.io.shardstore import ShardStore
 from nightshift.pipelines.flow import job_flow
@@ -277,3 +280,85 @@ def test_a_loser_s_commit_never_deletes_a_file_the_winner_s_marker_names(tmp_pat
     assert not shards.commit(0, "a1", {"ok": table}, summary)
     for f in shards.committed()[0]["files"]:
         assert (tmp_path / f["key"]).exists()
+
+
+class _Tables:
+    """The two row builders a shard's merge needs (``running.results.ResultTables``)."""
+
+    ok_schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("embedding", pa.list_(pa.float32())),
+            ("finish_reason", pa.string()),
+            ("prompt_tokens", pa.int64()),
+            ("cached_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+        ]
+    )
+    failed_schema = pa.schema(
+        [("id", pa.string()), ("error", pa.string()), ("finish_reason", pa.string())]
+        + [(c, pa.int64()) for c in ("prompt_tokens", "cached_tokens", "output_tokens")]
+    )
+
+    def results_table(self, rows: list[dict]) -> pa.Table:
+        return pa.Table.from_pylist(rows, schema=self.ok_schema)
+
+    def failed_table(self, rows: list[dict]) -> pa.Table:
+        return pa.Table.from_pylist(rows, schema=self.failed_schema)
+
+
+def _ok(i: int, tokens: int = 3) -> dict:
+    return {
+        "id": f"r{i}", "embedding": [i / 10, 1.0], "finish_reason": "stop",
+        "prompt_tokens": tokens, "cached_tokens": 0, "output_tokens": 0,
+    }  # fmt: skip
+
+
+def _failed(i: int) -> dict:
+    return {
+        "id": f"r{i}", "error": "engine: boom", "finish_reason": None,
+        "prompt_tokens": 5, "cached_tokens": 0, "output_tokens": 0,
+    }  # fmt: skip
+
+
+def test_a_commit_writes_the_ok_rows_a_chunk_at_a_time_one_row_per_record(tmp_path):
+    """The merge reads the ok chunks' keys, then the commit reads each chunk again and
+    writes it, one at a time (each its own row groups): never the shard's rows whole.
+    What is written is what merging every row at once gave: the first row of each id,
+    in order, an ok answer winning over a failure, and the marker's sums over those."""
+    from nightshift.running.shardwork import ShardWork, shard_summary
+
+    tables, shards = _Tables(), ShardStore(LocalStore(tmp_path))
+    chunks = [
+        ([_ok(0), _ok(1), _ok(2)], [_failed(3)]),
+        ([_ok(1, tokens=99), _ok(4)], []),  # r1 again: an attempt beside this one had it
+        ([_ok(3), _ok(5)], [_failed(6)]),  # r3 answered after all
+        ([_ok(0, tokens=99)], []),  # nothing new: every row of it came first elsewhere
+    ]
+    files = []
+    for index, (ok, failed) in enumerate(chunks):
+        written = {"ok": tables.results_table(ok), "failed": tables.failed_table(failed)}
+        files += shards.write_chunk(0, "a1", index, written)
+    work = ShardWork(shard=0, planned=9, files=files, ok=[_ok(7), _ok(8)], failed=[])
+    reads = []
+    read = shards.read
+    shards.read = lambda files, kind: reads.append(kind) or read(files, kind)
+
+    merged = work.merged(shards, tables, "id")
+    summary = shard_summary(merged.ok, merged.failed, 9, 1)
+    assert reads.count("ok") == 4  # the keys: each ok chunk once
+    assert shards.commit(0, "a1", {"ok": merged.ok_parts(), "failed": merged.failed}, summary)
+    assert reads.count("ok") == 8  # and once more as it is written
+
+    (ok_file,) = [f for f in shards.committed()[0]["files"] if f["kind"] == "ok"]
+    written = pq.ParquetFile(tmp_path / ok_file["key"])
+    assert written.num_row_groups == 4  # three chunks and the held answers, one by one
+    rows = written.read().to_pylist()
+    assert [r["id"] for r in rows] == [f"r{i}" for i in (0, 1, 2, 4, 3, 5, 7, 8)]
+    assert rows[1]["prompt_tokens"] == 3  # r1's first row, not the 99 of its second
+    assert rows[4]["embedding"] == pytest.approx([0.3, 1.0])
+    assert merged.failed.column("id").to_pylist() == ["r6"]
+    assert summary["records"] == {"planned": 9, "ok": 8, "failed": 1}
+    assert summary["tokens"]["prompt"] == 8 * 3 + 5
+    assert ok_file["rows"] == 8
+    assert ok_file["sha256"] == hashlib.sha256((tmp_path / ok_file["key"]).read_bytes()).hexdigest()

@@ -38,13 +38,14 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nightshift.errors import ObjectNotFound, StoreAccessError, StoreError
+from nightshift.errors import NightshiftError, ObjectNotFound, StoreAccessError, StoreError
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.parquetfiles import (
@@ -53,6 +54,7 @@ from nightshift.io.parquetfiles import (
     parquet_bytes,
     read_table,
     write_parquet,
+    write_parts,
 )
 
 log = logging.getLogger(__name__)
@@ -148,15 +150,20 @@ class ShardStore:
         return [self._get_table(f.key) for f in files if f.kind == kind]
 
     def commit(
-        self, shard: int, attempt: str, tables: dict[str, pa.Table], summary: dict[str, Any]
+        self,
+        shard: int,
+        attempt: str,
+        tables: dict[str, pa.Table | TableParts],
+        summary: dict[str, Any],
     ) -> bool:
         """Write the shard's data, then its marker. False if another attempt committed it
         first (this attempt's files are then deleted)."""
         folders = {"ok": RESULTS, "failed": FAILED}
-        files = [
-            self._put_table(f"{folders[kind]}/{shard_name(shard)}-{attempt}.parquet", t, kind)
-            for kind, t in tables.items()
-        ]
+        files = []
+        for kind, table in tables.items():
+            key = f"{folders[kind]}/{shard_name(shard)}-{attempt}.parquet"
+            put = self._put_parts if isinstance(table, TableParts) else self._put_table
+            files.append(put(key, table, kind))
         crash_point("shard.data_written")
         marker = {"shard": shard, "attempt": attempt, "files": [asdict(f) for f in files]}
         marker.update(summary, committed_at=time.time())
@@ -217,6 +224,19 @@ class ShardStore:
         keys = self.store.list(f"{RESULTS}/") + self.store.list(f"{FAILED}/")
         return [key for key in keys if DATA_FILE.match(key)]
 
+    def _put_parts(self, key: str, table: TableParts, kind: str) -> StoredFile:
+        digest = hashlib.sha256()
+
+        written = []
+
+        def write(out: BinaryIO) -> None:  # called once (``ObjectStore.put_written``)
+            written.append(write_parts(table.parts(), _Digesting(out, digest)))
+
+        self.store.put_written(key, write)
+        if written != [table.rows]:  # the parts read again are not what was counted
+            raise NightshiftError(f"{key}: wrote {written} rows of {table.rows}")
+        return StoredFile(key, table.rows, digest.hexdigest(), kind)
+
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:
         if table.nbytes <= PUT_IN_ONE:  # from memory, no temp file
             return self._put_bytes(key, parquet_bytes(table), table.num_rows, kind)
@@ -259,6 +279,15 @@ class _Digesting:
 
     def flush(self) -> None:
         self.out.flush()
+
+
+@dataclass(frozen=True)
+class TableParts:
+    """A table ``ShardStore.commit`` writes part by part, never holding it whole: ``parts``
+    gives its parts in order (each time it is called), ``rows`` in all."""
+
+    rows: int
+    parts: Callable[[], Iterator[pa.Table]]
 
 
 def one_row_per_record(ok: pa.Table, failed: pa.Table, id_column: str) -> tuple[pa.Table, pa.Table]:

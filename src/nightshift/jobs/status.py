@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from nightshift.errors import UserError
 from nightshift.io.objectstore import open_store
 from nightshift.io.outputs import JobOutput
-from nightshift.io.parquetfiles import row_group_rows, write_options
+from nightshift.io.parquetfiles import write_parts
 
 
 def output_status(location: str) -> dict[str, Any]:
@@ -97,15 +97,13 @@ def export_results(location: str, destination: str) -> tuple[str, int]:
     keys = [f["key"] for m in sorted(markers) for f in markers[m]["files"] if f["kind"] == "ok"]
     if not keys:
         raise UserError(f"{location} has no committed results to export")
-    rows = 0
     with tempfile.TemporaryDirectory(prefix="nightshift-export-") as tmp:
-        merged, writer = Path(tmp) / "merged.parquet", None
-        for n, key in enumerate(keys):
-            part = pq.read_table(output.store.download(key, Path(tmp) / f"{n}.parquet"))
-            writer = writer or pq.ParquetWriter(merged, part.schema, **write_options(part.schema))
-            writer.write_table(part, row_group_size=row_group_rows(part))
-            rows += part.num_rows
-        writer.close()
+        merged = Path(tmp) / "merged.parquet"
+        parts = (
+            pq.read_table(output.store.download(key, Path(tmp) / f"{n}.parquet"))
+            for n, key in enumerate(keys)
+        )
+        rows = write_parts(parts, merged)
         parent, _, name = destination.rstrip("/").rpartition("/")
         target = open_store(parent or ".")
         target.put_file(name, merged)

@@ -113,10 +113,11 @@ class ShardSettling:
                 self.shards.forget_work(w.shard)
                 self._committed(w)
                 return
-            ok, failed = w.merged(self.shards, self.tables, self.spec.input.id_column)
-            summary = shard_summary(ok, failed, w.planned, attempts)
+            merged = w.merged(self.shards, self.tables, self.spec.input.id_column)
+            summary = shard_summary(merged.ok, merged.failed, w.planned, attempts)
             self._check_lease(w.shard)
-            if not self.shards.commit(w.shard, self.attempt, {"ok": ok, "failed": failed}, summary):
+            tables = {"ok": merged.ok_parts(), "failed": merged.failed}
+            if not self.shards.commit(w.shard, self.attempt, tables, summary):
                 log.warning(
                     "shard %d was committed by another attempt; this one's copy is dropped",
                     w.shard,

@@ -8,14 +8,14 @@ the first pass appends each measured slice's keys to a temporary Arrow file, rec
 being the n-th added, and ``shared_depth`` reads back a window of levels at a time for the
 records it still needs (``gather``): memory holds a window, never every key.
 
-The file lives in the system's temporary folder (``TMPDIR``): about 110 MB a million short
-records, removed when the plan is built.
+The file lives in the system's temporary folder (``TMPDIR``), about 110 MB a million short
+records, and has no name there: it is gone when the plan is built, and when its process
+ends however it ends (a kill leaves nothing behind to fill the disk).
 """
 
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -26,8 +26,7 @@ class ChunkKeys:
     """Records' chunk-key lists, appended slice by slice, read back by record number."""
 
     def __init__(self) -> None:
-        self._folder = tempfile.TemporaryDirectory(prefix="nightshift-chunks-")
-        self._path = Path(self._folder.name) / "keys.arrow"
+        self._file = tempfile.TemporaryFile(prefix="nightshift-chunks-")  # noqa: SIM115 (closed by close)
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         self._firsts = [0]  # record number of each slice's first record, and the end
@@ -59,7 +58,7 @@ class ChunkKeys:
         array = lists.cast(pl.List(pl.UInt64)).rechunk().to_arrow()
         batch = pa.record_batch([array], names=["keys"])
         if self._writer is None:
-            self._writer = pa.ipc.new_file(str(self._path), batch.schema)
+            self._writer = pa.ipc.new_file(pa.PythonFile(self._file, mode="w"), batch.schema)
         self._writer.write_batch(batch)
         self._counts.append(lists.list.len().fill_null(0).to_numpy().astype(np.uint32))
         self._firsts.append(self._firsts[-1] + len(lists))
@@ -99,13 +98,12 @@ class ChunkKeys:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-            # read into memory slice by slice (an OSFile, not a map): only what is read
-            # is held, and it is freed with the slice
-            self._reader = pa.ipc.open_file(pa.OSFile(str(self._path)))
+            self._file.seek(0)  # read slice by slice: only what is read is held
+            self._reader = pa.ipc.open_file(pa.PythonFile(self._file, mode="r"))
         return self._reader.get_batch(index).column(0)
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
         self._writer = self._reader = None
-        self._folder.cleanup()
+        self._file.close()
