@@ -59,6 +59,8 @@ class ShardWork:
         for part, source in enumerate(sources):
             table = source()
             small = table.select([c for c in (id_column, *SUMMED) if c in table.column_names])
+            # copied out: a chunk's columns are views of its bytes, vectors and all
+            small = small.take(pa.array(np.arange(table.num_rows)))
             keys.append(small.append_column("_part", pa.array([part] * table.num_rows, pa.int32())))
         ok = pa.concat_tables(keys).append_column("_row", _rows_in_parts(keys))
         failed = pa.concat_tables(
