@@ -322,8 +322,8 @@ def _failed(i: int) -> dict:
 
 
 def test_a_commit_writes_the_ok_rows_a_chunk_at_a_time_one_row_per_record(tmp_path):
-    """The merge reads the ok chunks' keys, then the commit reads each chunk again and
-    writes it, one at a time (each its own row groups): never the shard's rows whole.
+    """The merge reads the ok chunks' keys, then the commit reads each chunk again as
+    it writes it (``parquetfiles.write_parts``): never the shard's rows whole.
     What is written is what merging every row at once gave: the first row of each id,
     in order, an ok answer winning over a failure, and the marker's sums over those."""
     from nightshift.running.shardwork import ShardWork, shard_summary
@@ -352,7 +352,7 @@ def test_a_commit_writes_the_ok_rows_a_chunk_at_a_time_one_row_per_record(tmp_pa
 
     (ok_file,) = [f for f in shards.committed()[0]["files"] if f["kind"] == "ok"]
     written = pq.ParquetFile(tmp_path / ok_file["key"])
-    assert written.num_row_groups == 4  # three chunks and the held answers, one by one
+    assert written.num_row_groups == 1  # small chunks gathered into one row group
     rows = written.read().to_pylist()
     assert [r["id"] for r in rows] == [f"r{i}" for i in (0, 1, 2, 4, 3, 5, 7, 8)]
     assert rows[1]["prompt_tokens"] == 3  # r1's first row, not the 99 of its second

@@ -128,6 +128,29 @@ def test_a_shard_of_vectors_is_written_in_row_groups_and_short_rows_in_one(
     files = {s: m["files"][0]["key"] for s, m in shards.committed().items()}
     wide_file = pq.ParquetFile(tmp_path / files[0])
     rows = [wide_file.metadata.row_group(i).num_rows for i in range(wide_file.num_row_groups)]
-    assert rows == [1024] * 4 + [904]  # 260 bytes a row: the 1,024 floor
+    assert rows == [992] * 5 + [40]  # 264 bytes a row: 992 rows to 256 KB
     assert wide_file.read().equals(wide)
     assert pq.ParquetFile(tmp_path / files[1]).num_row_groups == 1
+
+
+def test_write_parts_gathers_small_parts_into_row_groups_and_keeps_an_empty_table(
+    tmp_path, monkeypatch
+):
+    """Checkpoint chunks are not row groups of their own: parts are gathered until a
+    group holds ``row_group_rows``; an empty table still gets its schema and one group."""
+    from nightshift.io import parquetfiles
+    from nightshift.io.parquetfiles import row_group_rows, write_parts
+
+    monkeypatch.setattr(parquetfiles, "ROW_GROUP_BYTES", 68 * 100)  # rows of 68 bytes
+    parts = [pa.table({"v": np.full((10, 8), i, dtype=np.float64).tolist()}) for i in range(25)]
+    assert row_group_rows(parts[0]) == 100
+    assert write_parts(iter(parts), tmp_path / "a.parquet") == 250
+    written = pq.ParquetFile(tmp_path / "a.parquet")
+    groups = [written.metadata.row_group(i).num_rows for i in range(written.num_row_groups)]
+    assert groups == [100, 100, 50]
+    assert written.read().column("v").to_pylist() == pa.concat_tables(parts).column("v").to_pylist()
+    empty = pa.table({"v": pa.array([], pa.list_(pa.float64()))})
+    assert write_parts([empty], tmp_path / "e.parquet") == 0
+    assert pq.ParquetFile(tmp_path / "e.parquet").schema_arrow == empty.schema
+    assert write_parts([], tmp_path / "none.parquet") == 0
+    assert not (tmp_path / "none.parquet").exists()

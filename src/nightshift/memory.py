@@ -10,6 +10,8 @@ million records, growing with the input.
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -32,3 +34,17 @@ def give_back_freed() -> None:
     pa.default_memory_pool().release_unused()
     if _TRIM is not None:
         _TRIM(0)
+
+
+_last = threading.local()
+
+
+def give_back_now_and_then(every_s: float = 1.0) -> None:
+    """``give_back_freed`` from a busy thread (the feed's, its prefetch's), at most once
+    every ``every_s`` seconds on that thread: Arrow's pool keeps a thread's freed pages
+    in that thread's heap, so only the thread itself hands them back, but glibc's trim
+    walks every arena (about 2 ms in a run's process), too slow for every batch."""
+    now = time.monotonic()
+    if now - getattr(_last, "at", float("-inf")) >= every_s:
+        _last.at = now
+        give_back_freed()

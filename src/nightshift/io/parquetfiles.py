@@ -55,9 +55,9 @@ ROW_GROUP_BYTES = 16 << 20
 
 
 def row_group_rows(table: pa.Table) -> int:
-    """Rows a row group of ``table`` holds: about ``ROW_GROUP_BYTES``, 1,024 at least."""
+    """Rows a row group of ``table`` holds: about ``ROW_GROUP_BYTES``, 64 at least."""
     per_row = max(1, table.nbytes // max(1, table.num_rows))
-    return max(1024, ROW_GROUP_BYTES // per_row)
+    return max(64, ROW_GROUP_BYTES // per_row)
 
 
 def write_parquet(table: pa.Table, sink: Any) -> None:
@@ -67,20 +67,30 @@ def write_parquet(table: pa.Table, sink: Any) -> None:
 
 
 def write_parts(parts: Iterable[pa.Table], sink: Any) -> int:
-    """``write_parquet`` of the table ``parts`` make, in order, one part held at a time;
-    returns the rows written. Nothing is written without a part (the first gives the
-    schema)."""
+    """``write_parquet`` of the table ``parts`` make, in order; returns the rows written.
+    Small parts are gathered into one row group (a shard's checkpoint chunks are not
+    row groups of their own); a row group is written once it holds ``row_group_rows``,
+    so memory holds about one row group and one part. Nothing is written without a
+    part (the first gives the schema); an empty table makes one empty row group."""
     parts = iter(parts)
     first = next(parts, None)
     if first is None:
         return 0
-    rows = 0
-    with pq.ParquetWriter(sink, first.schema, **write_options(first.schema)) as writer:
-        for part in itertools.chain([first], parts):
-            if part.num_rows:  # no empty row group: the schema is the writer's
-                writer.write_table(part, row_group_size=row_group_rows(part))
+    schema, target = first.schema, row_group_rows(first)
+    gathered, rows, written = [first], first.num_rows, 0
+    del first
+    with pq.ParquetWriter(sink, schema, **write_options(schema)) as writer:
+        for part in itertools.chain(parts, [None]):
+            if part is not None and rows < target:
+                gathered.append(part)
                 rows += part.num_rows
-    return rows
+                continue
+            if rows or not written:  # the last group; an empty table's one group
+                group = pa.concat_tables(gathered)
+                writer.write_table(group, row_group_size=row_group_rows(group))
+                written += group.num_rows
+            gathered, rows = ([part], part.num_rows) if part is not None else ([], 0)
+    return written
 
 
 def parquet_bytes(table: pa.Table) -> pa.Buffer:

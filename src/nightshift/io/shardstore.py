@@ -227,14 +227,14 @@ class ShardStore:
     def _put_parts(self, key: str, table: TableParts, kind: str) -> StoredFile:
         digest = hashlib.sha256()
 
-        written = []
-
         def write(out: BinaryIO) -> None:  # called once (``ObjectStore.put_written``)
-            written.append(write_parts(table.parts(), _Digesting(out, digest)))
+            written = write_parts(table.parts(), _Digesting(out, digest))
+            if written != table.rows:  # raised before the file is put: nothing is named
+                raise NightshiftError(
+                    f"{key}: the parts read again held {written} rows, not the {table.rows} counted"
+                )
 
         self.store.put_written(key, write)
-        if written != [table.rows]:  # the parts read again are not what was counted
-            raise NightshiftError(f"{key}: wrote {written} rows of {table.rows}")
         return StoredFile(key, table.rows, digest.hexdigest(), kind)
 
     def _put_table(self, key: str, table: pa.Table, kind: str) -> StoredFile:

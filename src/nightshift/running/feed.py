@@ -28,7 +28,7 @@ from nightshift.io.planstore import PlanStore
 from nightshift.jobs.columns import kept_rows
 from nightshift.jobs.sampling import sampling_column
 from nightshift.jobs.spec import JobSpec
-from nightshift.memory import give_back_freed
+from nightshift.memory import give_back_now_and_then
 from nightshift.running.encoding import LocalEncoding, ProcessEncoding, close_spare
 from nightshift.running.prefetch import DONE, EMPTY, Prefetch
 
@@ -214,7 +214,7 @@ class RequestFeed:
                 ids = table.column(self.id_column)
                 table = table.filter(pc.invert(pc.is_in(ids, left_out.cast(ids.type))))
             frame = pl.from_arrow(table)
-            give_back_freed()  # the batch before's, freed on this thread (its own heap)
+            give_back_now_and_then()  # what this thread freed (Arrow keeps it per thread)
             for at in range(0, table.num_rows, REQUEST_BATCH):
                 yield frame.slice(at, REQUEST_BATCH), table.slice(at, REQUEST_BATCH)
 

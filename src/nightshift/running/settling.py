@@ -22,7 +22,7 @@ from collections.abc import Callable
 from nightshift.errors import EngineFatalError, LeaseLostError, StoreAccessError, StoreError
 from nightshift.io.shardstore import ShardStore
 from nightshift.jobs.spec import JobSpec
-from nightshift.memory import give_back_freed
+from nightshift.memory import give_back_now_and_then
 from nightshift.running.committing import BackgroundCommits
 from nightshift.running.progress import LiveProgress
 from nightshift.running.results import ResultTables
@@ -90,7 +90,7 @@ class ShardSettling:
         w.chunks += 1
         w.done_ids.update(r[self.spec.input.id_column] for r in w.ok + w.failed)
         w.ok, w.failed, w.since = [], [], time.monotonic()
-        give_back_freed()  # this thread's: Arrow's pool keeps a thread's freed pages
+        give_back_now_and_then()  # what this thread freed (Arrow keeps it per thread)
 
     def _finish(self, w: ShardWork) -> None:
         """``w`` has every answer: checkpoint the ones it holds, then commit it on the
@@ -150,7 +150,12 @@ class ShardSettling:
                 raise
             committed = False  # the retry reads the marker again before it writes
         if committed:
-            log.warning("shard %d is committed; what failed after its marker: %s", w.shard, exc)
+            log.warning(
+                "shard %d is committed (its marker exists: this attempt's, or another's "
+                "that won it); this attempt's commit failed: %s",
+                w.shard,
+                exc,
+            )
             self._committed(w)
             return
         reason = f"its commit failed: {exc}"

@@ -106,6 +106,7 @@ class MergedShard:
                 if len(wanted) != table.num_rows:  # another attempt's rows came first
                     table = table.take(pa.array(sorted(wanted), pa.int64()))
                 yield table
+                table = None  # not held while the next is read
 
         return TableParts(self.ok.num_rows, parts)
 

@@ -2,10 +2,10 @@
 
 The keys were most of a plan's memory: 13 keys of 8 bytes a short ticket, 109 of the key
 frame's 162 bytes a record, and at a million records the plan's peak grew with them. They
-are only read to find how far each prompt shares its start (``sharing.shared_depth``),
+are only read to find how far each prompt shares its start (``sharing.depth_of``),
 which looks at one level of keys at a time, and only for the prompts still sharing. So
 the first pass appends each measured slice's keys to a temporary Arrow file, record n
-being the n-th added, and ``shared_depth`` reads back a window of levels at a time for the
+being the n-th added, and ``depth_of`` reads back a window of levels at a time for the
 records it still needs (``gather``): memory holds a window, never every key.
 
 The file lives in the system's temporary folder (``TMPDIR``), about 110 MB a million short
@@ -68,6 +68,7 @@ class ChunkKeys:
         """Each record's number of keys, by record number."""
         if self._all_counts is None:
             self._all_counts = np.concatenate([np.zeros(0, np.uint32), *self._counts])
+            self._counts = [self._all_counts]  # held once
         return self._all_counts
 
     def gather(
@@ -76,6 +77,8 @@ class ChunkKeys:
         """For ``records`` (record numbers, ascending): how many keys each has from
         ``level`` on, at most ``width`` (None: all), and those keys laid end to end. Only
         the slices that hold one of ``records`` are read, each straight into its place."""
+        if len(records) > 1 and not (np.diff(records) > 0).all():
+            raise ValueError("gather takes record numbers in ascending order")
         left = np.maximum(self.counts()[records].astype(np.int64) - level, 0)
         takes = np.minimum(left, width) if width is not None else left
         values = np.empty(int(takes.sum()), dtype=np.uint64)
@@ -103,7 +106,9 @@ class ChunkKeys:
         return self._reader.get_batch(index).column(0)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._writer = self._reader = None
-        self._file.close()
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._writer = self._reader = None
+            self._file.close()

@@ -98,6 +98,7 @@ def chunk_keys(texts: pl.Series, size: int) -> pl.Series:
 
 
 AT_ONCE_KEYS = 1 << 20  # keys looked at together: a window of levels, or the rest at once
+WINDOW_PASSES = 4  # windows read from the key file before the keys left are read at once
 
 
 def shared_depth(chunks: pl.Series) -> pl.DataFrame:
@@ -121,21 +122,24 @@ def depth_of(keys: ChunkKeys, records: np.ndarray) -> pl.DataFrame:
     order = np.argsort(records, kind="stable")  # keys are read back in record order
     numbers, found = records[order], _Found.none(len(records))
     counts = keys.counts()[numbers].astype(np.int64)
-    sharing, level = np.flatnonzero(counts > 0), 0
+    sharing, level, passes = np.flatnonzero(counts > 0), 0, 0
     while len(sharing) > 1:
         left = counts[sharing] - level
         whole = int(left.sum()) <= AT_ONCE_KEYS
         # a window four times as many keys: a level is cheap on its own, but each window
-        # reads the file again (a million tickets share their first four levels)
-        width = None if whole else max(1, 4 * AT_ONCE_KEYS // len(sharing))
+        # reads the file again (a million tickets share their first four levels). Many
+        # prompts still sharing after WINDOW_PASSES windows (one long document under
+        # every question) take their keys left at once: windows would read it for ever.
+        width = max(1, 4 * AT_ONCE_KEYS // len(sharing))
+        width = None if whole or passes >= WINDOW_PASSES else width
         window = _Keys.of(*keys.gather(numbers[sharing], level, width), left)
         if whole:
             window.the_rest(np.arange(len(sharing)), 0)
             found.update(sharing, level, window)
             break
-        kept, steps = window.levels(width or 0)
+        kept, steps = window.levels(width or int(left.max()))
         found.update(sharing, level, window)
-        sharing, level = sharing[kept], level + steps
+        sharing, level, passes = sharing[kept], level + steps, passes + 1
     return found.frame(order)
 
 
