@@ -126,7 +126,7 @@ def test_a_column_named_like_a_plan_column_runs_like_any_other(
     assert rejects[reason].to_list() == ["field 'body' is null"]
 
 
-@pytest.mark.parametrize("id_column", ["position", "record_id", "_row", "shard"])
+@pytest.mark.parametrize("id_column", ["position", "record_id", "_row", "shard", "_at", "_part"])
 def test_an_id_column_named_like_a_plan_column_matches_its_records(
     models, tmp_path, clean, id_column
 ):

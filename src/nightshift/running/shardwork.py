@@ -55,14 +55,16 @@ class ShardWork:
         (a shard of 100,000 576-float embeddings was 250 MB held at its commit)."""
         sources = [lambda f=f: shards.read([f], "ok")[0] for f in self.files if f.kind == "ok"]
         sources.append(lambda held=tables.results_table(self.ok): held)
+        at = "_at" if id_column != "_at" else "__at"  # where a row is: part << 32 | row
         keys = []
         for part, source in enumerate(sources):
             table = source()
             small = table.select([c for c in (id_column, *SUMMED) if c in table.column_names])
             # copied out: a chunk's columns are views of its bytes, vectors and all
             small = small.take(pa.array(np.arange(table.num_rows)))
-            keys.append(small.append_column("_part", pa.array([part] * table.num_rows, pa.int32())))
-        ok = pa.concat_tables(keys).append_column("_row", _rows_in_parts(keys))
+            where = (np.int64(part) << 32) + np.arange(table.num_rows, dtype=np.int64)
+            keys.append(small.append_column(at, pa.array(where)))
+        ok = pa.concat_tables(keys)
         failed = pa.concat_tables(
             shards.read(self.files, "failed") + [tables.failed_table(self.failed)]
         )
@@ -74,7 +76,7 @@ class ShardWork:
                 f"{ok.num_rows} ok + {failed.num_rows} failed; nothing was committed and "
                 "its checkpoints are kept"
             )
-        return MergedShard(ok, failed, sources)
+        return MergedShard(ok, failed, sources, at)
 
 
 # The ok columns a commit reads before it writes: the id (one row per record) and what
@@ -82,29 +84,27 @@ class ShardWork:
 SUMMED = ("prompt_tokens", "cached_tokens", "output_tokens", "finish_reason", "reasoning_tokens")
 
 
-def _rows_in_parts(parts: list[pa.Table]) -> pa.Array:
-    return pa.array(np.concatenate([np.arange(p.num_rows) for p in parts] or [[]]), pa.int64())
-
-
 @dataclass
 class MergedShard:
-    """A shard's rows, one per record: its ok rows' keys (``ok``: ``SUMMED``, where each
-    row is), its failed rows whole (few and small), and the ok rows themselves, read
+    """A shard's rows, one per record: its ok rows' keys (``ok``: the id, ``SUMMED`` and
+    ``at``), its failed rows whole (few and small), and the ok rows themselves, read
     again a part at a time as they are written (``ok_parts``)."""
 
     ok: pa.Table
     failed: pa.Table
     sources: list[Callable[[], pa.Table]]
+    at: str  # the column of ``ok`` saying where each row is (part << 32 | row)
 
     def ok_parts(self) -> TableParts:
-        kept = self.ok.group_by("_part", use_threads=False).aggregate([("_row", "list")])
-        rows = dict(zip(kept["_part"].to_pylist(), kept["_row_list"].to_pylist(), strict=True))
+        where = np.sort(self.ok.column(self.at).to_numpy())  # by part, then row
+        bounds = np.searchsorted(where >> 32, np.arange(len(self.sources) + 1))
 
         def parts() -> Iterator[pa.Table]:
             for part, source in enumerate(self.sources):
-                table, wanted = source(), rows.get(part, [])
+                table = source()
+                wanted = where[bounds[part] : bounds[part + 1]] & 0xFFFFFFFF
                 if len(wanted) != table.num_rows:  # another attempt's rows came first
-                    table = table.take(pa.array(sorted(wanted), pa.int64()))
+                    table = table.take(pa.array(wanted))
                 yield table
                 table = None  # not held while the next is read
 
