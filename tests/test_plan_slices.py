@@ -63,9 +63,7 @@ def test_nodes_merged_a_few_records_at_a_time_are_those_of_one_batch(
     monkeypatch.setattr(prefixes, "MERGE_AT_LEAST", 1)
     monkeypatch.setattr(prefixes, "_merged", lambda ends: merges.append(1) or merge(ends))
     chunk_ends = prefixes._chunk_ends
-    monkeypatch.setattr(
-        prefixes, "_chunk_ends", lambda *a: batches.append(1) or chunk_ends(*a)
-    )
+    monkeypatch.setattr(prefixes, "_chunk_ends", lambda *a: batches.append(1) or chunk_ends(*a))
     assert nodes().equals(whole)
     assert len(merges) - len(batches) >= 3  # each batch's own, then several of the nodes
     shuffled = runnable.sample(fraction=1.0, shuffle=True, seed=3)
