@@ -173,10 +173,11 @@ def _next_chunks(
     for records, part in _wanted_records(dataset, measurer.prompt_columns, need):
         waiting.append(_merged(_chunk_ends(measurer, records, part)))
         # merged as it goes (a batch's nodes, kept a batch at a time, were 0.1 GiB more
-        # than the nodes themselves at a million records), but only once as many rows
-        # wait as are merged: merging every batch into all the nodes so far took time
-        # in the square of the records (36 s of a 3,000,000-record plan, 6 at 1,000,000)
-        if sum(w.height for w in waiting) >= max(ends.height, MERGE_AT_LEAST):
+        # than the nodes themselves at a million records), but only once a quarter as
+        # many rows wait as are merged: merging every batch into all the nodes so far
+        # took time in the square of the records (36 s of a 3,000,000-record plan, 6 at
+        # 1,000,000); a quarter keeps what waits small beside the nodes
+        if sum(w.height for w in waiting) >= max(ends.height // 4, MERGE_AT_LEAST):
             ends, waiting = _merged(pl.concat([ends, *waiting])), []
     if waiting:
         ends = _merged(pl.concat([ends, *waiting]))
