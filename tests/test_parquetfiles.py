@@ -150,6 +150,19 @@ def test_write_parts_gathers_small_parts_into_row_groups_and_keeps_an_empty_tabl
     assert groups == [100, 100, 50]
     assert written.read().column("v").to_pylist() == pa.concat_tables(parts).column("v").to_pylist()
     empty = pa.table({"v": pa.array([], pa.list_(pa.float64()))})
+    # an empty first part (a chunk whose rows another attempt's won) sets no group size:
+    # a group is gathered and written at a time, not every part at once
+    handed, write_table = [], pq.ParquetWriter.write_table
+    monkeypatch.setattr(
+        pq.ParquetWriter,
+        "write_table",
+        lambda self, table, **kw: handed.append(table.num_rows) or write_table(self, table, **kw),
+    )
+    assert write_parts([empty, *parts, empty], tmp_path / "b.parquet") == 250
+    assert handed == [100, 100, 50]
+    assert (
+        pq.ParquetFile(tmp_path / "b.parquet").read().equals(pq.read_table(tmp_path / "a.parquet"))
+    )
     assert write_parts([empty], tmp_path / "e.parquet") == 0
     assert pq.ParquetFile(tmp_path / "e.parquet").schema_arrow == empty.schema
     assert write_parts([], tmp_path / "none.parquet") == 0

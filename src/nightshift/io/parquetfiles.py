@@ -76,20 +76,23 @@ def write_parts(parts: Iterable[pa.Table], sink: Any) -> int:
     first = next(parts, None)
     if first is None:
         return 0
-    schema, target = first.schema, row_group_rows(first)
-    gathered, rows, written = [first], first.num_rows, 0
-    del first
+    schema, target = first.schema, None  # rows a group: from its first part with rows
+    gathered, rows, written = [], 0, 0
+    every = itertools.chain([first], parts, [None])
+    del first  # not held once written
     with pq.ParquetWriter(sink, schema, **write_options(schema)) as writer:
-        for part in itertools.chain(parts, [None]):
-            if part is not None and rows < target:
+        for part in every:
+            if part is not None and (target is None or rows < target):
                 gathered.append(part)
                 rows += part.num_rows
+                target = target or (row_group_rows(part) if part.num_rows else None)
                 continue
             if rows or not written:  # the last group; an empty table's one group
                 group = pa.concat_tables(gathered)
                 writer.write_table(group, row_group_size=row_group_rows(group))
                 written += group.num_rows
             gathered, rows = ([part], part.num_rows) if part is not None else ([], 0)
+            target = row_group_rows(part) if part is not None and part.num_rows else None
     return written
 
 
