@@ -40,6 +40,15 @@ def prefect_server(tmp_path_factory) -> str:
         del os.environ["PREFECT_API_URL"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nightshift_cache(tmp_path_factory) -> Path:
+    """What runs remember between them (``scheduling.tokenizermemo``) stays in the
+    session, not in the user's ~/.cache; the CLI runs the tests start inherit it."""
+    path = tmp_path_factory.mktemp("nightshift-cache")
+    os.environ["NIGHTSHIFT_CACHE_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """The demo model with a chat template, and the same model without one."""

@@ -62,6 +62,7 @@ class PromptEncoder:
         self._segments: dict[str, list[int]] = {}
         self._bos_ids: list[int] | None = None
         self._plain = None  # the backend for _hf_texts (_plain_backend)
+        self._identity: TokenizerIdentity | None = None
         # record text through tiktoken where it is the same byte-level BPE (fastbpe)
         self._fast = fast_encoder(hf_tokenizer, self._hf_texts)
         self.composes = self._segments_compose()
@@ -336,7 +337,9 @@ class PromptEncoder:
 
     def identity(self) -> TokenizerIdentity:
         """What another process needs to load this same tokenizer without AutoTokenizer."""
-        return TokenizerIdentity.of(self._tok)
+        if self._identity is None:  # tokenizes a few texts: once an encoder
+            self._identity = TokenizerIdentity.of(self._tok)
+        return self._identity
 
     @property
     def hf_tokenizer(self):

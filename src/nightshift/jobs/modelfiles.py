@@ -59,6 +59,19 @@ def folder_identity(folder: Path) -> dict[str, str]:
     }
 
 
+def prompt_files_identity(folder: Path) -> dict[str, str]:
+    """File name -> digest, for the top-level files of ``folder`` that shape the prompt
+    (``PROMPT_FILES``: tokenizer, vocab, template, configs): what picks and builds the
+    tokenizer, with no weight read."""
+    return {
+        path.name: _whole_digest(path)
+        for path in sorted(folder.iterdir())
+        if path.is_file()
+        and _matches(path.name, PROMPT_FILES)
+        and not _matches(path.name, IGNORED_FILES)
+    }
+
+
 def file_digest(path: Path) -> str:
     """``sha256:...`` for a file hashed whole, ``sampled:...`` for a large one."""
     size = path.stat().st_size
@@ -69,6 +82,11 @@ def file_digest(path: Path) -> str:
         if not (path.suffix == ".safetensors" and _sample_safetensors(stream, size, digest)):
             _sample_blocks(stream, size, digest)
     return "sampled:" + digest.hexdigest()[:16]
+
+
+def _whole_digest(path: Path) -> str:
+    with path.open("rb") as stream:
+        return "sha256:" + _hash_whole(stream)
 
 
 def _hash_whole(stream: BinaryIO) -> str:

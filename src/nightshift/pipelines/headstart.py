@@ -29,6 +29,7 @@ import contextlib
 from collections.abc import Iterator
 from importlib import import_module
 
+from nightshift.engines.tokenizer import model_source
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines import tempserver
@@ -42,6 +43,7 @@ from nightshift.running.runner import (
     resume_ahead,
     work_may_be_left,
 )
+from nightshift.scheduling import tokenizermemo
 
 
 @contextlib.contextmanager
@@ -73,9 +75,14 @@ def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
     """What loading the job's tokenizer imports (``engines.tokenizer``), while the server
     boots rather than after it: a plan, or a resume's first record, waits on it. A
     resume loads its tokenizer by the class its plan recorded (``runner.start_run``):
-    that class's module, not AutoTokenizer's, which imports torch (3 s on 2 cores)."""
+    that class's module, not AutoTokenizer's, which imports torch (3 s on 2 cores); so
+    does a fresh run of a model folder whose tokenizer an earlier run loaded
+    (``scheduling.tokenizermemo``)."""
     known = None if afresh else planned_tokenizer(JobOutput(spec.output.path))
     with contextlib.suppress(Exception):  # a broken install: the plan's own load says so
+        known = known or tokenizermemo.recall(
+            model_source(spec.model.tokenizer or spec.model.path), spec.model.trust_remote_code
+        )
         if known is not None and known.tokenizer_class() is not None:
             return
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)

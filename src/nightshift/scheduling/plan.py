@@ -21,7 +21,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from nightshift.engines.tokenizer import PromptEncoder
+from nightshift.engines.tokenizer import PromptEncoder, model_source
 from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import SpecError
 from nightshift.io.inputs import (
@@ -36,6 +36,7 @@ from nightshift.jobs.platform import batch_limits
 from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
 from nightshift.memory import give_back_freed
+from nightshift.scheduling import tokenizermemo
 from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import (
     ANSWERED_FROM,
@@ -332,7 +333,11 @@ def load_encoder(spec: JobSpec, like: TokenizerIdentity | None = None) -> Prompt
     key = "model.tokenizer" if spec.model.tokenizer else "model.path"
     source = spec.model.tokenizer or spec.model.path
     check_model_source(source, key)  # a name that is no folder and cannot be fetched: at once
-    encoder = PromptEncoder.load(source, spec.model.trust_remote_code, key, like)
+    trust, folder = spec.model.trust_remote_code, model_source(source)
+    known = like or tokenizermemo.recall(folder, trust)  # AutoTokenizer's pick, remembered
+    encoder = PromptEncoder.load(source, trust, key, known)
+    if like is None and encoder.identity() != known:
+        tokenizermemo.remember(folder, trust, encoder.identity())
     if spec.model.reasoning:  # its markers checked before any prompt is rendered
         prepare_reasoning(encoder, spec.model.reasoning, spec.sampling.reasoning_budget)
     return encoder
