@@ -49,26 +49,17 @@ BLOCKS = 64
 BLOCK_BYTES = 64 << 10
 
 
-def folder_identity(folder: Path) -> dict[str, str]:
+def folder_identity(folder: Path, only: tuple[str, ...] | None = None) -> dict[str, str]:
     """File name -> digest, for every file of ``folder`` a model loader may read (the
-    top level, where tokenizers, templates, configs and weights are looked for)."""
+    top level, where tokenizers, templates, configs and weights are looked for); with
+    ``only`` (``PROMPT_FILES``: what picks and builds the tokenizer), those files alone,
+    every one hashed whole and no weight read."""
     return {
         path.name: file_digest(path)
         for path in sorted(folder.iterdir())
-        if path.is_file() and not _matches(path.name, IGNORED_FILES)
-    }
-
-
-def prompt_files_identity(folder: Path) -> dict[str, str]:
-    """File name -> digest, for the top-level files of ``folder`` that shape the prompt
-    (``PROMPT_FILES``: tokenizer, vocab, template, configs): what picks and builds the
-    tokenizer, with no weight read."""
-    return {
-        path.name: _whole_digest(path)
-        for path in sorted(folder.iterdir())
         if path.is_file()
-        and _matches(path.name, PROMPT_FILES)
         and not _matches(path.name, IGNORED_FILES)
+        and (only is None or _matches(path.name, only))
     }
 
 
@@ -82,11 +73,6 @@ def file_digest(path: Path) -> str:
         if not (path.suffix == ".safetensors" and _sample_safetensors(stream, size, digest)):
             _sample_blocks(stream, size, digest)
     return "sampled:" + digest.hexdigest()[:16]
-
-
-def _whole_digest(path: Path) -> str:
-    with path.open("rb") as stream:
-        return "sha256:" + _hash_whole(stream)
 
 
 def _hash_whole(stream: BinaryIO) -> str:

@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from nightshift.engines.tokenizerid import TokenizerIdentity
-from nightshift.jobs.modelfiles import prompt_files_identity
+from nightshift.jobs.modelfiles import PROMPT_FILES, folder_identity
 
 CACHE_ENV = "NIGHTSHIFT_CACHE_DIR"
 
@@ -63,6 +63,6 @@ def _entry(source: str, trust_remote_code: bool) -> Path | None:
     folder = Path(source)
     if trust_remote_code or not folder.is_dir():
         return None
-    files = prompt_files_identity(folder)
+    files = folder_identity(folder, only=PROMPT_FILES)
     key = json.dumps([version("transformers"), files], sort_keys=True)
     return cache_dir() / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
