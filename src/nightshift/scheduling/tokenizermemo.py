@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import uuid
 from importlib.metadata import version
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def remember(source: str, trust_remote_code: bool, identity: TokenizerIdentity) 
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")  # hosts sharing a home
         partial.write_text(json.dumps(identity.as_plan()["tokenizer"]))
         partial.replace(path)
 
