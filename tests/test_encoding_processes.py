@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import polars as pl
 import psutil
+import pyarrow as pa
 import pytest
 
 from nightshift.engines.fake import FakeEngine
@@ -82,7 +83,7 @@ def test_a_child_encodes_the_same_ids_as_the_thread(planned):
     try:
         wait_ready(remote)
         batches = [b for s in job.todo for b in job.output.plans.shard_batches(s, 100)]
-        frames = [pl.from_arrow(b) for b in batches]
+        frames = [pa.Table.from_batches([b]) for b in batches]
         sent = [remote.submit(f) for f in frames]  # all sent before any is read back
         assert [e() for e in sent] == [local.submit(f)() for f in frames]
     finally:
@@ -111,10 +112,10 @@ def through_children(monkeypatch) -> list:
     the ProcessEncoding of each batch."""
     submit, used = ProcessEncoding.submit, []
 
-    def once_ready(self, records, table=None):
+    def once_ready(self, records):
         wait_ready(self)
         used.append(self)
-        return submit(self, records, table)
+        return submit(self, records)
 
     monkeypatch.setattr(ProcessEncoding, "submit", once_ready)
     return used
@@ -142,7 +143,7 @@ def test_a_child_that_dies_or_sticks_costs_no_batch(planned, how, monkeypatch):
     try:
         wait_ready(remote)
         batches = [b for s in job.todo for b in job.output.plans.shard_batches(s, 100)]
-        frames = [pl.from_arrow(b) for b in batches]
+        frames = [pa.Table.from_batches([b]) for b in batches]
         os.kill(remote._children[0].process.pid, how)
         first = remote.submit(frames[0])  # sent before the run can know
         rest = [remote.submit(f) for f in frames[1:]]

@@ -65,9 +65,7 @@ def test_a_second_run_of_a_folder_loads_its_tokenizer_without_autotokenizer(
     assert second[1:] == first[1:]  # the same class, the same ids
 
 
-def test_edited_prompt_files_are_never_taken_for_the_remembered_tokenizer(
-    models, tmp_path, cache
-):
+def test_edited_prompt_files_are_never_taken_for_the_remembered_tokenizer(models, tmp_path, cache):
     folder = shutil.copytree(models["chat"], tmp_path / "model")
     first = load_encoder(_spec(folder, tmp_path))
     assert tokenizermemo.recall(str(folder), False) == first.identity()

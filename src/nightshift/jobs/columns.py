@@ -90,9 +90,17 @@ def kept_name(column: str) -> str:
     return KEPT_PREFIX + column if column in OUTPUT_COLUMNS | DETAIL_COLUMNS else column
 
 
-def kept_rows(records: pl.DataFrame, keep: list[str]) -> list[dict[str, Any]]:
-    """Each record's kept columns under their results' names (``kept_name``)."""
-    return records.select([pl.col(c).alias(kept_name(c)) for c in keep]).to_dicts()
+def kept_rows(records: pa.Table, keep: list[str]) -> list[dict[str, Any]]:
+    """Each record's kept columns under their results' names (``kept_name``), as Python
+    values. Arrow converts them, in the calling thread: polars' select ran on its thread
+    pool, which a busy run's feed waited on (``run_path.py``). Arrow refuses a time
+    in nanoseconds it cannot give as a ``datetime`` without pandas; polars gives it cut to
+    microseconds, as the results always had it."""
+    table = records.select(keep).rename_columns([kept_name(c) for c in keep])
+    try:
+        return table.to_pylist()
+    except ValueError:  # pyarrow.ArrowInvalid is one
+        return pl.from_arrow(table).to_dicts()
 
 
 def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:

@@ -63,11 +63,11 @@ class CopyBook:
             return {}
         wanted, kept = self.ids(shard), {}
         for batch in self.plans.shard_batches(shard, 4096):
-            records = pl.from_arrow(pa.Table.from_batches([batch]))
-            ids = records[id_column].to_list()  # a set lookup each: not the set per batch
-            records = records.filter(pl.Series([i in wanted for i in ids], dtype=pl.Boolean))
+            records = pa.Table.from_batches([batch])
+            ids = records.column(id_column).to_pylist()  # a set lookup each, not per batch
+            records = records.filter(pa.array([i in wanted for i in ids], pa.bool_()))
             for record_id, row in zip(
-                records[id_column].to_list(), kept_rows(records, keep), strict=True
+                records.column(id_column).to_pylist(), kept_rows(records, keep), strict=True
             ):
                 kept[record_id] = row
         return kept

@@ -65,8 +65,9 @@ class LocalEncoding:
     def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
         self.renderer, self.encoder = renderer_for(spec, encoder), encoder
 
-    def submit(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
-        ids = self.encoder.encode_pieces(rows(self.renderer.pieces(records)))
+    def submit(self, records: pa.Table) -> Encoded:
+        pieces = self.renderer.pieces(pl.from_arrow(records))  # type: ignore[arg-type]
+        ids = self.encoder.encode_pieces(rows(pieces))
         return lambda: ids
 
     def close(self) -> None:
@@ -84,14 +85,13 @@ class ProcessEncoding:
         self._turn = itertools.cycle(self._children)
         self.sent = 0  # batches sent to a child (the others were encoded here)
 
-    def submit(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
-        """``records`` encoded; ``table``, when given, is the same rows as Arrow (what a
-        child is sent: converting polars' strings back to Arrow copies them)."""
+    def submit(self, records: pa.Table) -> Encoded:
+        """``records`` encoded, by the next child in turn (here while it is not ready)."""
         child = next(self._turn)
         if not child.ready():
             return self.local.submit(records)
         self.sent += 1
-        return child.send(records, table)
+        return child.send(records)
 
     def close(self) -> None:
         _close_all(self._children)
@@ -225,15 +225,14 @@ class _Child:
     def ready(self) -> bool:
         return self._state == "ready" and not self._abandoned
 
-    def send(self, records: pl.DataFrame, table: pa.Table | None = None) -> Encoded:
-        table = records.to_arrow() if table is None else table
+    def send(self, records: pa.Table) -> Encoded:
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+        with pa.ipc.new_stream(sink, records.schema) as writer:
+            writer.write_table(records)
         self._outbox.put(sink.getvalue())
         return lambda: self._take(records)
 
-    def _take(self, records: pl.DataFrame) -> list[list[int]]:
+    def _take(self, records: pa.Table) -> list[list[int]]:
         if self._abandoned:  # any answer still to come may be a late one: never read
             return self.local.submit(records)()
         try:
@@ -298,8 +297,7 @@ def serve(jobs: Connection, answers: Connection, parent: int) -> None:
         except (EOFError, OSError):
             return
         try:
-            records = pl.from_arrow(pa.ipc.open_stream(data).read_all())
-            ids = local.submit(records)()
+            ids = local.submit(pa.ipc.open_stream(data).read_all())()
             answer = (array("i", map(len, ids)), array("i", itertools.chain.from_iterable(ids)))
         except Exception as exc:  # noqa: BLE001 - told to the run, which stops on it
             answer = (f"{type(exc).__name__}: {exc}", None)

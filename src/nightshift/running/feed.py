@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -195,28 +194,28 @@ class RequestFeed:
             if item is None:
                 break
             shard, done = item
-            for records, table in self._shard_records(shard, done):
-                sent.append((shard, records, self._encoding.submit(records, table)))
+            for records in self._shard_records(shard, done):
+                sent.append((shard, records, self._encoding.submit(records)))
                 while len(sent) > 2 * self.processes:
                     yield self._handed(sent.popleft())
             sent.append(ShardEnd(shard))
         while sent:
             yield self._handed(sent.popleft())
 
-    def _shard_records(self, shard: int, done: set) -> Iterator[tuple[pl.DataFrame, pa.Table]]:
-        """``shard``'s records not in ``done``, ``REQUEST_BATCH`` at a time, as polars and
-        as Arrow. The plan is read, filtered and converted ``READ_ROWS`` at a time: per
-        request batch, each of those cost more than the encoding (``run_path.py``)."""
+    def _shard_records(self, shard: int, done: set) -> Iterator[pa.Table]:
+        """``shard``'s records not in ``done``, ``REQUEST_BATCH`` at a time, as Arrow
+        (what a child is sent, and what the requests are made from: no polars here). The
+        plan is read and filtered ``READ_ROWS`` at a time: per request batch, each of
+        those cost more than the encoding (``run_path.py``)."""
         left_out = pa.array(list(done)) if done else None
         for batch in self.store.shard_batches(shard, READ_ROWS):
             table = pa.Table.from_batches([batch])
             if left_out is not None:
                 ids = table.column(self.id_column)
                 table = table.filter(pc.invert(pc.is_in(ids, left_out.cast(ids.type))))
-            frame = pl.from_arrow(table)
             give_back_now_and_then()  # what this thread freed (Arrow keeps it per thread)
             for at in range(0, table.num_rows, REQUEST_BATCH):
-                yield frame.slice(at, REQUEST_BATCH), table.slice(at, REQUEST_BATCH)
+                yield table.slice(at, REQUEST_BATCH)
 
     def _handed(self, item) -> list[EngineRequest] | ShardEnd:
         if isinstance(item, ShardEnd):
@@ -225,11 +224,11 @@ class RequestFeed:
         return self._requests(shard, records, encoded())
 
     def _requests(
-        self, shard: int, records: pl.DataFrame, token_ids: list[list[int]]
+        self, shard: int, records: pa.Table, token_ids: list[list[int]]
     ) -> list[EngineRequest]:
         # under their results' names: a kept `text` is input_text (jobs.columns.kept_name)
-        kept = kept_rows(records, self.keep) if self.keep else [{}] * records.height
-        ids = records[self.id_column].to_list()
+        kept = kept_rows(records, self.keep) if self.keep else [{}] * records.num_rows
+        ids = records.column(self.id_column).to_pylist()
         samplings = self._samplings(records)
         adapters = self._adapters(records)
         with self._pending_lock:  # counted before any of them can come back, at once
@@ -243,18 +242,19 @@ class RequestFeed:
             requests.append(EngineRequest(key, tokens, sampling, adapter))
         return requests
 
-    def _adapters(self, records: pl.DataFrame) -> list[str | None]:
+    def _adapters(self, records: pa.Table) -> list[str | None]:
         """Each record's adapter (the plan rejected every unknown name)."""
         if self.adapter_column is None:
-            return [None] * records.height
-        return records[self.adapter_column].to_list()
+            return [None] * records.num_rows
+        return records.column(self.adapter_column).to_pylist()
 
-    def _samplings(self, records: pl.DataFrame) -> list[Sampling | None]:
+    def _samplings(self, records: pa.Table) -> list[Sampling | None]:
         """Each record's own merged sampling (None each without a sampling column). The
         plan rejected every value that does not parse, so each one here does."""
         if self.sampling is None:
-            return [None] * records.height
-        return [self.sampling.sampling(v) for v in records[self.sampling.column].to_list()]
+            return [None] * records.num_rows
+        values = records.column(self.sampling.column).to_pylist()
+        return [self.sampling.sampling(v) for v in values]
 
     def answered(self, key: int) -> Pending:
         """The record whose result has come back under ``key``."""
