@@ -130,10 +130,8 @@ class RequestFeed:
         added; None when nothing is ready within ``wait`` seconds; ``END`` when the input
         is closed, every shard's records were handed out and no retry waits."""
         while True:
-            if self._again:
-                return self._again.popleft()
-            if self._ready:
-                return self._ready.popleft()
+            if (request := self.ready_request()) is not None:
+                return request
             if self._prefetch is None or self._ended:
                 return END if self._input_closed else None
             item = self._prefetch.poll(wait)
@@ -146,6 +144,15 @@ class RequestFeed:
                 self._newly_fed.append(item.shard)
             else:
                 self._ready.extend(item)
+
+    def ready_request(self) -> EngineRequest | None:
+        """A request at hand, a retry first, then the rest of the batch being handed out;
+        None when there is none (without waiting, or looking at the encoding)."""
+        if self._again:
+            return self._again.popleft()
+        if self._ready:
+            return self._ready.popleft()
+        return None
 
     def requests(self, shards: list[int], skip: dict[int, set] | None = None):
         """All requests of ``shards`` in plan order, waiting for each (for callers that
@@ -164,8 +171,10 @@ class RequestFeed:
 
     def stuck(self, shard: int) -> bool:
         """Every request of ``shard`` was handed out and came back, answered or not."""
+        if shard not in self._fed:  # added to by the feeding thread, the one asking
+            return False
         with self._pending_lock:
-            return shard in self._fed and not self._pending[shard]
+            return not self._pending[shard]
 
     @property
     def retrying(self) -> bool:

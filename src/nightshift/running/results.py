@@ -64,10 +64,11 @@ class ResultTables:
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
-            parsed = self.task.under(adapter).parse_result(result)
-            return {**row, **parsed}, True
+            row.update(self.task.under(adapter).parse_result(result))
+            return row, True
         except RecordError as exc:
-            return {**row, "error": str(exc)}, False
+            row["error"] = str(exc)
+            return row, False
 
     def results_table(self, rows: list[dict]) -> pa.Table:
         return pa.Table.from_pylist(rows, schema=self.results)

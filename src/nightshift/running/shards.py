@@ -226,27 +226,43 @@ class ShardRunner(ShardSettling):
         while nothing is ready (the engine steps what it holds and asks again), ending
         once the queue is finished and every request came back."""
         while not self.stopping.is_set():
-            self._take_shards(queue, work, feed, wait=0)
-            if queue.finished:
-                feed.close_input()
-            idle = not feed.in_flight
-            request = feed.next_request(wait=IDLE_WAIT_S if idle else 0)
+            # The rest of a batch being handed out goes at once: the queue and the shards
+            # whose requests all came back are looked at between batches (run_path.py)
+            request = feed.ready_request()
             if request is None:
-                self.commits.check()  # nothing to send: a failed commit ends the wait
-            for shard in feed.newly_fed():  # all its requests may be back already
-                if shard in work and feed.stuck(shard):
-                    self._unanswered(work.pop(shard))
-            if request is END:
-                if idle:
+                request = self._between_batches(feed, queue, work)
+                if request is END:
                     return
-                request = None
             if request is not None and self._answered_from_cache(feed, request, work):
                 continue  # cache.path had its answer: nothing sent
             yield request
 
+    def _between_batches(
+        self, feed: RequestFeed, queue: ShardQueue, work: dict[int, ShardWork]
+    ) -> EngineRequest | None | object:
+        """The next request once the feed's batch is out: the shards the queue has join
+        the feed, a shard whose every request came back unanswered is settled. None when
+        nothing is ready yet; ``END`` when the queue is finished and every request came
+        back."""
+        self._take_shards(queue, work, feed, wait=0)
+        if queue.finished:
+            feed.close_input()
+        idle = not feed.in_flight
+        request = feed.next_request(wait=IDLE_WAIT_S if idle else 0)
+        if request is None:
+            self.commits.check()  # nothing to send: a failed commit ends the wait
+        for shard in feed.newly_fed():  # all its requests may be back already
+            if shard in work and feed.stuck(shard):
+                self._unanswered(work.pop(shard))
+        if request is END and not idle:
+            return None  # the answers still out come first
+        return request
+
     def _answered_from_cache(
         self, feed: RequestFeed, request: EngineRequest, work: dict[int, ShardWork]
     ) -> bool:
+        if self.cache is None and self.canary_answers is None:
+            return False
         hit = None
         for cache in (self.cache, self.canary_answers):
             hit = hit or (cache.lookup(request) if cache is not None else None)
@@ -279,10 +295,7 @@ class ShardRunner(ShardSettling):
         row, ok = self.tables.row(pending.record_id, pending.kept, result, pending.adapter)
         w.answered_now += 1
         (w.ok if ok else w.failed).append(row)
-        cached = any(
-            c is not None and c.from_cache(result.key) for c in (self.cache, self.canary_answers)
-        )
-        self.totals.count(not_sent(row) if cached else row, ok)
+        self.totals.count(not_sent(row) if self._from_cache(result.key) else row, ok)
         if self.cache is not None:
             self.cache.store(pending.token_ids, result, pending.sampling, pending.adapter)
         id_column = self.spec.input.id_column
@@ -297,6 +310,12 @@ class ShardRunner(ShardSettling):
             self._unanswered(work.pop(w.shard))
         elif self._due(w):
             self._checkpoint(w)
+
+    def _from_cache(self, key: int) -> bool:
+        """Whether the result of ``key`` came from cache.path or the canary, not the engine."""
+        return (self.cache is not None and self.cache.from_cache(key)) or (
+            self.canary_answers is not None and self.canary_answers.from_cache(key)
+        )
 
     def _stop_if_everything_fails(self, w: ShardWork) -> None:
         """The first records all failing alike means the job is wrong, not the records
