@@ -16,6 +16,7 @@ from nightshift.demo.model import build_model
 from nightshift.demo.tickets import corpus, tickets
 
 from .batchserver import serve  # noqa: F401  (a fixture: the batch server tests')
+from .groups import pytest_collection_modifyitems  # noqa: F401  (the real-engine group)
 from .questions import questions_input  # noqa: F401  (a fixture: the planner tests')
 
 # Keep vLLM's CPU KV cache small so tests fit beside other processes.
@@ -116,17 +117,3 @@ def write_spec(tmp_path) -> Callable[[dict], Path]:
         return path
 
     return write
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks it adds
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs three xdist workers (``-n 3 --dist loadgroup``); the real-engine
-    tests all go to one of them, one at a time: two vLLM engines on two cores would each
-    run at half speed, and some of these tests kill or freeze the engine processes they
-    started. The others share the other workers, whose subprocesses often wait (on a
-    lease, a window, a server) and leave a core to the third. pytest 9.2 drops the
-    group xdist writes into each test's id (pytest-dev/pytest-xdist#1386), so pytest
-    stays below it (pyproject.toml)."""
-    for item in items:
-        if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_real_engine_tests_all_run_on_one_worker(tmp_path):
     (tmp_path / "conftest.py").write_text(
-        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "from tests.groups import pytest_collection_modifyitems  # noqa: F401\n"
     )
     (tmp_path / "test_marked.py").write_text(
         "import pytest\n\npytestmark = pytest.mark.engine\n\n\n"
