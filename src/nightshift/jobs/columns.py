@@ -93,14 +93,24 @@ def kept_name(column: str) -> str:
 def kept_rows(records: pa.Table, keep: list[str]) -> list[dict[str, Any]]:
     """Each record's kept columns under their results' names (``kept_name``), as Python
     values. Arrow converts them, in the calling thread: polars' select ran on its thread
-    pool, which a busy run's feed waited on (``run_path.py``). Arrow refuses a time
-    in nanoseconds it cannot give as a ``datetime`` without pandas; polars gives it cut to
-    microseconds, as the results always had it."""
+    pool, which a busy run's feed waited on (``run_path.py``). Where Arrow would give
+    other values than polars always gave (``_as_polars_gives``), polars converts."""
     table = records.select(keep).rename_columns([kept_name(c) for c in keep])
-    try:
+    if all(_as_polars_gives(field.type) for field in table.schema):
         return table.to_pylist()
-    except ValueError:  # pyarrow.ArrowInvalid is one
-        return pl.from_arrow(table).to_dicts()
+    return pl.from_arrow(table).to_dicts()  # type: ignore[union-attr]
+
+
+def _as_polars_gives(kind: pa.DataType) -> bool:
+    """Whether Arrow's Python values of ``kind`` are polars': not for an extension type
+    (``bool8``'s are bools, which its results column refuses), nor a time in nanoseconds
+    (pandas' with every nanosecond where pandas is installed, else refused; polars cuts
+    it to microseconds)."""
+    if isinstance(kind, pa.BaseExtensionType) or getattr(kind, "unit", None) == "ns":
+        return False
+    if pa.types.is_dictionary(kind):
+        return _as_polars_gives(kind.value_type)
+    return all(_as_polars_gives(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:
