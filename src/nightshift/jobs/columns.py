@@ -15,6 +15,7 @@ turns that into one clear error naming the column and the spec key that asked fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -106,11 +107,22 @@ def _as_polars_gives(kind: pa.DataType) -> bool:
     (``bool8``'s are bools, which its results column refuses), nor a time in nanoseconds
     (pandas' with every nanosecond where pandas is installed, else refused; polars cuts
     it to microseconds)."""
-    if isinstance(kind, pa.BaseExtensionType) or getattr(kind, "unit", None) == "ns":
-        return False
-    if pa.types.is_dictionary(kind):
-        return _as_polars_gives(kind.value_type)
-    return all(_as_polars_gives(kind.field(i).type) for i in range(kind.num_fields))
+    return not any(
+        isinstance(t, pa.BaseExtensionType) or getattr(t, "unit", None) == "ns"
+        for t in nested_types(kind)
+    )
+
+
+def nested_types(kind: pa.DataType) -> Iterator[pa.DataType]:
+    """``kind`` and every type inside it: what lists, structs and maps hold, a
+    dictionary's values, an extension type's storage."""
+    yield kind
+    if isinstance(kind, pa.BaseExtensionType):
+        yield from nested_types(kind.storage_type)
+    elif pa.types.is_dictionary(kind):
+        yield from nested_types(kind.value_type)
+    for i in range(kind.num_fields):
+        yield from nested_types(kind.field(i).type)
 
 
 def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:
@@ -131,6 +143,10 @@ def check_column_types(schema: pa.Schema, needed: dict[str, str]) -> None:
 
 def unsupported(kind: pa.DataType) -> str | None:
     """Why polars cannot take ``kind`` (nested types included), or None."""
+    return next(filter(None, map(_unsupported_alone, nested_types(kind))), None)
+
+
+def _unsupported_alone(kind: pa.DataType) -> str | None:
     if isinstance(kind, pa.Decimal256Type):
         return "a 256-bit decimal, which polars cannot read"
     if pa.types.is_union(kind):
@@ -139,14 +155,6 @@ def unsupported(kind: pa.DataType) -> str | None:
         return "an interval type, which polars cannot read"
     if kind.id in _UNREADABLE_IDS:
         return f"a {kind} type, which polars cannot read"
-    if isinstance(kind, pa.ExtensionType):
-        return unsupported(kind.storage_type)
-    if pa.types.is_dictionary(kind):
-        return unsupported(kind.value_type)
-    for i in range(kind.num_fields):  # lists, structs, maps: check what they hold
-        reason = unsupported(kind.field(i).type)
-        if reason:
-            return reason
     return None
 
 
