@@ -12,7 +12,7 @@ from nightshift.engines.fake import FakeEngine, prompt_digest
 from nightshift.io.objectstore import open_store
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.loading import load_spec
-from nightshift.pipelines.flow import job_flow
+from nightshift.pipelines.flow import SHARDS_AHEAD, job_flow
 from nightshift.running import shardqueue
 from nightshift.running.copies import CopyBook
 from nightshift.running.feed import RequestFeed
@@ -104,16 +104,34 @@ def test_the_flow_feeds_the_shards_in_plan_order_without_a_break(
     eight are full across each shard boundary (the next shard was fed before the one
     before it was answered)."""
     windows: list[list[str]] = []
-    take_window = FakeEngine._take_window
+    take_window, run, put = FakeEngine._take_window, FakeEngine.run, ShardQueue.put
+    queued: list[int] = []
+    first_tasks_queued = threading.Event()
 
     def recorded(self, pending):
         window, exhausted = take_window(self, pending)
         windows.append([prompt_digest(r.token_ids) for r in window])
         return window, exhausted
 
+    def recorded_put(self, shard, front=False):
+        put(self, shard, front)
+        queued.append(shard)
+        if len(queued) >= SHARDS_AHEAD:
+            first_tasks_queued.set()
+
+    def run_once_first_tasks_queued(self, requests, sampling):
+        # The first tasks start in a race, and a shard queued after the engine's first
+        # requests joins the feed only after a step: on a loaded machine that step was
+        # short. What is tested is the feed running ahead of the engine across shard
+        # boundaries, once shards are there to feed.
+        first_tasks_queued.wait(timeout=60)
+        yield from run(self, requests, sampling)
+
     monkeypatch.setattr(FakeEngine, "_take_window", recorded)
+    monkeypatch.setattr(FakeEngine, "run", run_once_first_tasks_queued)
+    monkeypatch.setattr(ShardQueue, "put", recorded_put)
     # A slower engine than the feed: a short window can only come from a gap.
-    monkeypatch.setenv("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", "0.01")
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_SECONDS_PER_RECORD", "0.02")
     data = spec_dict(models["chat"], ticket_dir, tmp_path / "out", plan={"shard_records": 12})
     data["run"] = {"engine": "fake", "chunk_records": 5}
     spec_path = write_spec(data)
