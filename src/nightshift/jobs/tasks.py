@@ -29,6 +29,7 @@ from nightshift.engines.base import Constraint, EngineResult, Pooling, Sampling
 from nightshift.engines.reasoning import REASONING_LENGTH, thinking_allowance
 from nightshift.errors import RecordError, SpecError
 from nightshift.jobs.columns import TASK_COLUMNS
+from nightshift.jobs.labelling import LabelScoring, label_of, label_rows, scored_columns
 from nightshift.jobs.spec import ClassifyTask, EmbedTask, ExtractTask, GenerateTask, JobSpec
 
 
@@ -60,33 +61,18 @@ class TaskHandler:
             )
         return self.parse(result.text, result.finish_reason, result.scores)
 
+    def answer_columns(self, result: EngineResult) -> dict[str, Any]:
+        """``parse_result`` as a run's row takes it: a task may leave some columns to
+        ``finish_rows``, where a chunk of rows is done at once."""
+        return self.parse_result(result)
+
+    def finish_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Fill in what ``answer_columns`` left open in a chunk's rows (nothing here)."""
+
     def under(self, adapter: str | None) -> TaskHandler:
         """The handler that reads answers given under LoRA ``adapter`` (None: the base
         model): this one, but for classify calibrated per adapter."""
         return self
-
-
-@dataclass(frozen=True)
-class LabelScoring:
-    """Classify by score: ``tokens`` are the labels' first token ids (distinct), in label
-    order; ``log_prior`` the model's leaning, the mean probability it gives each label
-    over a sample of the job's records (None until measured: no correction)."""
-
-    labels: tuple[str, ...]
-    tokens: tuple[int, ...]
-    log_prior: tuple[float, ...] | None = None
-
-    def probabilities(self, scores: Sequence[float]) -> list[float]:
-        """Each label's probability given its first token's log probability, the
-        leaning divided out (``log_prior``) and the labels' total made 1."""
-        prior = self.log_prior or (0.0,) * len(scores)
-        adjusted = [s - p for s, p in zip(scores, prior, strict=True)]
-        top = max(adjusted)
-        if top == -math.inf:
-            raise RecordError("the engine gave every label a probability of 0")
-        weights = [math.exp(a - top) for a in adjusted]
-        total = sum(weights)
-        return [w / total for w in weights]
 
 
 @dataclass(frozen=True)
@@ -105,12 +91,27 @@ class ClassifyHandler(TaskHandler):
             return {"label": label, "confidence": None}
         if scores is None or len(scores) != len(self.scoring.labels):
             raise RecordError("the engine returned no score for each label")
-        chances = self.scoring.probabilities(scores)
-        best = max(range(len(chances)), key=chances.__getitem__)
-        label = self.scoring.labels[best]
+        label, confidence = label_of(self.scoring, scores)
         # one scoring step ends at max_tokens 1, yet the label is whole: not cut off
-        confidence = round(chances[best], 6)
         return {"label": label, "text": label, "confidence": confidence, "finish_reason": "stop"}
+
+    def answer_columns(self, result: EngineResult) -> dict[str, Any]:
+        """A scored answer is checked now and labelled with its chunk (``jobs.labelling``):
+        any answer the check would not pass goes through ``parse_result`` (its error)."""
+        scoring, scores = self.scoring, result.scores
+        if (
+            scoring is None
+            or result.reasoning_unfinished
+            or scores is None
+            or len(scores) != len(scoring.labels)
+            or not scoring.finite_prior
+            or max(scores) == -math.inf  # with a finite leaning: every label impossible
+        ):
+            return self.parse_result(result)
+        return scored_columns(scoring, scores)
+
+    def finish_rows(self, rows: list[dict[str, Any]]) -> None:
+        label_rows(rows)
 
     def calibrated(
         self,

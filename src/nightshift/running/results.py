@@ -64,13 +64,14 @@ class ResultTables:
         try:
             if result.error:
                 raise RecordError(f"engine: {result.error}")
-            row.update(self.task.under(adapter).parse_result(result))
+            row.update(self.task.under(adapter).answer_columns(result))
             return row, True
         except RecordError as exc:
             row["error"] = str(exc)
             return row, False
 
     def results_table(self, rows: list[dict]) -> pa.Table:
+        self.task.finish_rows(rows)  # what each row left to its chunk (jobs.labelling)
         return pa.Table.from_pylist(rows, schema=self.results)
 
     def failed_table(self, rows: list[dict]) -> pa.Table:
