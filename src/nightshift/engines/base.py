@@ -58,7 +58,10 @@ class Pooling:
     dimensions: int | None = None  # Matryoshka truncation; None: the model's own size
 
 
-@dataclass(frozen=True)
+# Not frozen, as Choice and EngineResult are not: one is built for every record, and a
+# frozen dataclass's __init__ sets each field through object.__setattr__ (3.0 µs for a
+# result of 15 fields against 0.7). Nothing changes one after it is built.
+@dataclass
 class EngineRequest:
     key: int  # the runner's handle for the request, unique in the run; results carry it back
     token_ids: Sequence[int]
@@ -76,7 +79,7 @@ class TokenLogprob:
     top_logprobs: tuple[TokenLogprob, ...] = ()  # the likeliest tokens at its place
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: see EngineRequest
 class Choice:
     """One of a request's ``n`` answers. ``stop_sequence``: the stop string that ended it."""
 
@@ -90,7 +93,7 @@ class Choice:
     reasoning_unfinished: bool = False  # thinking used every token: ``text`` is no answer
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: see EngineRequest
 class EngineResult:
     key: int
     text: str = ""  # choice 0's, as are finish_reason and stop_sequence
