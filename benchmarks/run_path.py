@@ -8,8 +8,12 @@ Each run is a subprocess; its report gives the split of its time (start-up, plan
 generation, wrap-up) and its process tree, sampled, its peak memory. Then the same
 requests, read from the run's own plan and sampling, go through a fresh fake engine
 alone: nightshift's own cost per record is the run's generation time less that engine
-time, over the records. ``--kill-at 0.5`` also kills a run (SIGKILL, its whole process
-group) at half its generation and times the rerun against the full run.
+time, over the records. The same samples read each process's CPU time: the CPU µs a
+record of the run's process, its encoding processes and its Prefect server while it
+generates (on a machine of few cores they share them; on a GPU host each has its own).
+``--kill-at 0.5`` also kills a run (SIGKILL, its whole process group) at half its
+generation and times the rerun against the full run. ``--profile`` samples the thread
+holding the GIL.
 
     nice -n 10 .venv/bin/python benchmarks/run_path.py --records 100000 [--records 1000000]
         [--jobs classify embed batch batch-embed] [--kill-at 0.5] [--profile]
@@ -20,6 +24,7 @@ Writes benchmarks/results/run_path.json (``--out`` for another file).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -86,12 +91,14 @@ def batch_file(inputs: Path, path: Path, endpoint: str = "/v1/chat/completions")
 class TreeMemory:
     """The peak resident memory of a process and its descendants, sampled twice a second:
     the run's own process and, apart, the largest of the others (its Prefect server, its
-    encoding processes)."""
+    encoding processes). Each sample also reads their CPU seconds so far (``cpu``)."""
 
     def __init__(self, pid: int) -> None:
         import psutil
 
         self.root, self.peak_run, self.peak_tree, self.peak_other = psutil.Process(pid), 0, 0, 0
+        self.cpu: list[tuple[float, float, float, float]] = []  # time, run, encoding, Prefect
+        self._ended: dict[int, tuple[str, float]] = {}  # a child's last reading, once it ends
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -102,12 +109,29 @@ class TreeMemory:
         while not self._stop.wait(0.5):
             try:
                 run = self.root.memory_info().rss
-                others = [p.memory_info().rss for p in self.root.children(recursive=True)]
+                children = self.root.children(recursive=True)
+                others = [p.memory_info().rss for p in children]
+                self.cpu.append((time.time(), _cpu(self.root), *self._children_cpu(children)))
             except psutil.Error:
                 continue
             self.peak_run = max(self.peak_run, run)
             self.peak_other = max([self.peak_other, *others])
             self.peak_tree = max(self.peak_tree, run + sum(others))
+
+    def _children_cpu(self, children) -> tuple[float, float]:
+        """CPU seconds of the encoding processes (and any other child) and of the Prefect
+        server, ended ones included at their last reading."""
+        import psutil
+
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                kind = "prefect" if "uvicorn" in " ".join(child.cmdline()) else "encoding"
+                self._ended[child.pid] = (kind, _cpu(child))
+        readings = self._ended.values()
+        return (
+            sum(c for kind, c in readings if kind == "encoding"),
+            sum(c for kind, c in readings if kind == "prefect"),
+        )
 
     def stop(self) -> dict:
         self._stop.set()
@@ -118,6 +142,39 @@ class TreeMemory:
             "peak_largest_child_gib": round(self.peak_other / gib, 3),
             "peak_all_processes_gib": round(self.peak_tree / gib, 3),
         }
+
+
+def _cpu(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def cpu_while_generating(samples: list[tuple], report: dict) -> dict | None:
+    """CPU µs a record of the run's process, its encoding processes and its Prefect server
+    between its first answer and its last (the sampled readings nearest inside them)."""
+    from datetime import datetime
+
+    timeline = report.get("timeline") or {}
+    if "first_answer_s" not in timeline or "last_answer_s" not in timeline:
+        return None
+    began = datetime.fromisoformat(timeline["started_at"]).timestamp()
+    window = [
+        s
+        for s in samples
+        if began + timeline["first_answer_s"] <= s[0] <= began + timeline["last_answer_s"]
+    ]
+    if len(window) < 2:
+        return None
+    first, last = window[0], window[-1]
+    records = report["this_run"]["records_answered"]
+    share = (last[0] - first[0]) / max(1e-9, timeline["last_answer_s"] - timeline["first_answer_s"])
+    per_record = [
+        round(1e6 * (b - a) / (share * records), 1)
+        for a, b in zip(first[1:], last[1:], strict=True)
+    ]
+    return dict(
+        zip(("run_process", "encoding_processes", "prefect_server"), per_record, strict=True)
+    )
 
 
 def run_command(command: list[str], log: Path, kill_when=None) -> dict:
@@ -138,7 +195,7 @@ def run_command(command: list[str], log: Path, kill_when=None) -> dict:
     if rc not in (0, -signal.SIGKILL):
         raise SystemExit(f"{' '.join(command)} exited {rc}: see {log}")
     # (not ru_maxrss: a child forked from this process counts this one's memory at fork)
-    return {"wall_s": round(wall, 2), "returncode": rc, **memory.stop()}
+    return {"wall_s": round(wall, 2), "returncode": rc, **memory.stop(), "cpu": memory.cpu}
 
 
 def engine_alone(spec_path: Path, output: Path) -> dict:
@@ -205,15 +262,17 @@ def run_job(kind: str, inputs: Path, work: Path, args) -> dict:
     spec_path = work / f"{kind}.yaml"
     spec_path.write_text(yaml.safe_dump(job_spec(kind, inputs, output), sort_keys=False))
     command = [str(NIGHTSHIFT), "jobs", "run", str(spec_path), "--overwrite"]
-    if args.profile:  # collapsed stacks, for flamegraph.pl or a grep
+    if args.profile:  # collapsed stacks of the GIL holder, for flamegraph.pl or a grep
         where = str(args.cache / f"{kind}-{inputs.name}.prof")
-        spy = [str(ROOT / ".venv/bin/py-spy"), "record", "-r", "100", "--threads"]
+        spy = [str(ROOT / ".venv/bin/py-spy"), "record", "-r", "100", "--threads", "--gil"]
         command = [*spy, "--format", "raw", "-o", where, "--", str(NIGHTSHIFT), *command[1:]]
     run = run_command(command, work / f"{kind}.log")
     report = json.loads((output / "report.json").read_text())
     result = figures(report, engine_alone(spec_path, output), run)
     result["peak_gib"] = run["peak_all_processes_gib"]
     result["memory"] = {k: v for k, v in run.items() if k.startswith("peak_")}
+    # where the CPU goes while generating: on a GPU host each has cores of its own
+    result["cpu_us_per_record_generating"] = cpu_while_generating(run["cpu"], report)
     if args.kill_at:
         result["kill_and_rerun"] = kill_and_rerun(command, result, output, work, kind, args)
     return result
