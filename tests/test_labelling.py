@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 
 import pyarrow as pa
 import pytest
 
 from nightshift.engines.base import EngineResult
+from nightshift.errors import RecordError
 from nightshift.jobs.labelling import SCORED, LabelScoring, label_of, label_rows, scored_columns
 from nightshift.jobs.loading import validate_spec
 from nightshift.jobs.tasks import handler_for
@@ -59,10 +61,16 @@ def test_a_chunk_labels_every_row_as_the_record_alone_would(labels):
     for row, (label, confidence) in zip(rows, alone, strict=True):
         assert SCORED not in row
         assert row["label"] == row["text"] == label
-        assert row["confidence"] == confidence or (
-            math.isnan(confidence) and math.isnan(row["confidence"])
-        )
+        assert struct.pack("<d", row["confidence"]) == struct.pack("<d", confidence)  # NaNs too
         assert row["finish_reason"] == "stop"
+
+
+def test_the_weights_are_summed_left_to_right_on_every_python():
+    """Python 3.12's sum() compensates; label_rows cannot, so neither may one record:
+    1 + 1e-16 + 1e-16 is 1 left to right (and 1.0000000000000002 compensated)."""
+    tiny = math.log(1e-16)
+    chances = LabelScoring(("a", "b", "c"), (1, 2, 3)).probabilities([0.0, tiny, tiny])
+    assert chances[0] == 1.0
 
 
 def classify_tables(log_prior=None) -> ResultTables:
@@ -110,13 +118,29 @@ def test_an_answer_the_check_refuses_is_a_failed_row_at_once():
         assert not ok and error in row["error"] and SCORED not in row
 
 
-def test_an_infinite_stored_leaning_labels_each_answer_alone():
-    """A calibration file edited to hold -inf (never written so): each answer goes the
-    per-record way, which names what it cannot label."""
-    tables = classify_tables([-math.inf, 0.0, 0.0, 0.0])
-    row, ok = tables.row(1, {"subject": "s"}, answer(1, (-1.0, -2.0, -3.0, -4.0)))
+@pytest.mark.parametrize(
+    "log_prior", [[1.7e308] * 4, [-math.inf, 0.0, 0.0, 0.0], [math.nan, 0.0, 0.0, 0.0]]
+)
+def test_a_leaning_no_calibration_writes_labels_each_answer_alone(log_prior):
+    """A calibration file edited to hold a huge number, an infinity or a NaN: each answer
+    goes the per-record way, as before (here: a subtraction that overflows fails the
+    row, as every label impossible)."""
+    tables = classify_tables(log_prior)
+    result = answer(1, (-1.7e308,) * 4 if log_prior[0] == 1.7e308 else (-1.0, -2.0, -3.0, -4.0))
+    row, ok = tables.row(1, {"subject": "s"}, result)
     assert SCORED not in row
-    assert (ok, row.get("label")) == (
-        True,
-        tables.task.parse_result(answer(1, (-1.0, -2.0, -3.0, -4.0)))["label"],
-    )
+    if not ok:
+        assert "probability of 0" in row["error"]
+        with pytest.raises(RecordError):
+            tables.task.parse_result(result)
+    else:
+        parsed = tables.task.parse_result(result)
+        assert struct.pack("<d", row["confidence"]) == struct.pack("<d", parsed["confidence"])
+    assert ok == (log_prior[0] != 1.7e308)
+
+
+def test_a_leaning_of_the_wrong_length_is_refused_as_before():
+    scoring = LabelScoring(("a", "b", "c"), (1, 2, 3), (0.5,))
+    assert not scoring.plain_prior
+    with pytest.raises(ValueError):
+        label_of(scoring, (-1.0, -2.0, -3.0))

@@ -58,7 +58,7 @@ class Pooling:
     dimensions: int | None = None  # Matryoshka truncation; None: the model's own size
 
 
-# Not frozen, as Choice and EngineResult are not: one is built for every record, and a
+# Not frozen (nor are Choice and EngineResult): one is built for every record, and a
 # frozen dataclass's __init__ sets each field through object.__setattr__ (3.0 µs for a
 # result of 15 fields against 0.7). Nothing changes one after it is built.
 @dataclass

@@ -12,8 +12,8 @@ row did.
 The chunk's arithmetic is the record's, step by step, in the same order: the leaning
 subtracted, each weight ``exp(score - top)``, the weights summed left to right, each
 divided by the sum, the first likeliest label, its chance rounded by Python's ``round``.
-(A score that is NaN or +inf, which no engine should give, makes every chance NaN either
-way, though NumPy's ``max`` meets a NaN otherwise than Python's: the first label.)
+A row with a score that is NaN or +inf (no engine should give one) goes through
+``label_of`` itself.
 """
 
 from __future__ import annotations
@@ -44,10 +44,16 @@ class LabelScoring:
     log_prior: tuple[float, ...] | None = None
 
     @cached_property
-    def finite_prior(self) -> bool:
-        """Whether every leaning is a number (a stored calibration could hold infinities):
-        only then is an answer's check a look at its scores alone (``answer_columns``)."""
-        return all(math.isfinite(p) for p in self.log_prior or ())
+    def plain_prior(self) -> bool:
+        """Whether the leaning is one a calibration writes: a number a label, each well
+        inside a float's range (a log of a ratio of probabilities floored at 1e-9). Only
+        then is an answer's check a look at its scores alone (``answer_columns``): a
+        stored file edited to hold an infinity, a huge number (its subtraction overflows)
+        or too few numbers is met answer by answer, as before."""
+        prior = self.log_prior
+        if prior is None:
+            return True
+        return len(prior) == len(self.labels) and all(abs(p) < 1e6 for p in prior)
 
     def probabilities(self, scores: Sequence[float]) -> list[float]:
         """Each label's probability given its first token's log probability, the
@@ -58,7 +64,9 @@ class LabelScoring:
         if top == -math.inf:
             raise RecordError("the engine gave every label a probability of 0")
         weights = [math.exp(a - top) for a in adjusted]
-        total = sum(weights)
+        total = 0.0  # left to right, as label_rows sums (sum() compensates from 3.12)
+        for w in weights:
+            total += w
         return [w / total for w in weights]
 
 
@@ -84,11 +92,12 @@ def scored_columns(scoring: LabelScoring, scores: Sequence[float]) -> dict[str, 
 
 def label_rows(rows: list[dict[str, Any]]) -> None:
     """Fill in the label, text and confidence that ``scored_columns`` left open in
-    ``rows`` (a row of another adapter carries its own scoring)."""
+    ``rows`` (a row of another adapter carries its own scoring). A row keeps what it
+    waits on until it is labelled: a failure here leaves none half done."""
     groups: dict[int, tuple[LabelScoring, list[dict], list[Sequence[float]]]] = {}
     for row in rows:
         if SCORED in row:
-            scoring, scores = row.pop(SCORED)
+            scoring, scores = row[SCORED]
             group = groups.get(id(scoring)) or groups.setdefault(id(scoring), (scoring, [], []))
             group[1].append(row)
             group[2].append(scores)
@@ -99,20 +108,25 @@ def label_rows(rows: list[dict[str, Any]]) -> None:
 def _label(scoring: LabelScoring, rows: list[dict], scores: list[Sequence[float]]) -> None:
     s = np.array(scores, dtype=np.float64)
     prior = np.array(scoring.log_prior or (0.0,) * s.shape[1], dtype=np.float64)
-    with np.errstate(invalid="ignore"):  # a NaN or +inf score: NaN chances, as by hand
+    with np.errstate(invalid="ignore"):  # a NaN or +inf score: labelled by hand below
         adjusted = s - prior
         top = adjusted.max(axis=1)
         # the C library's exp, as math.exp: NumPy's own (AVX-512) may differ in a last bit
         shifted = (adjusted - top[:, None]).ravel().tolist()
         weights = np.fromiter(map(math.exp, shifted), np.float64, len(shifted))
         weights = weights.reshape(adjusted.shape)
-        total = weights[:, 0].copy()  # summed as Python's sum() does: left to right
+        total = weights[:, 0].copy()  # summed left to right, as probabilities() does
         for column in range(1, weights.shape[1]):
             total += weights[:, column]
         chances = weights / total[:, None]
     best = chances.argmax(axis=1)  # the first of equals, as max() over the labels
     chance = chances[np.arange(len(rows)), best].tolist()
     labels = [scoring.labels[b] for b in best.tolist()]
-    for row, label, c in zip(rows, labels, chance, strict=True):
+    confidence = [round(c, 6) for c in chance]
+    # NumPy's max meets a NaN otherwise than Python's: the same label, another NaN
+    for i in np.flatnonzero((np.isnan(s) | (s == math.inf)).any(axis=1)).tolist():
+        labels[i], confidence[i] = label_of(scoring, scores[i])
+    for row, label, c in zip(rows, labels, confidence, strict=True):
         row["label"] = row["text"] = label
-        row["confidence"] = round(c, 6)
+        row["confidence"] = c
+        del row[SCORED]

@@ -104,8 +104,8 @@ class ClassifyHandler(TaskHandler):
             or result.reasoning_unfinished
             or scores is None
             or len(scores) != len(scoring.labels)
-            or not scoring.finite_prior
-            or max(scores) == -math.inf  # with a finite leaning: every label impossible
+            or not scoring.plain_prior
+            or max(scores) == -math.inf  # with a plain leaning: every label impossible
         ):
             return self.parse_result(result)
         return scored_columns(scoring, scores)
