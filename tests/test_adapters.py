@@ -47,8 +47,10 @@ def run(spec: Path) -> str:
 
 def test_records_run_under_their_own_adapter_in_adapter_order(models, tmp_path, write_spec):
     data = adapter_job(models, tmp_path)
-    run(write_spec(data))
+    output = run(write_spec(data))
     out = tmp_path / "out"
+    # the fake engine printed nothing: no engine log named, none left beside the output
+    assert "engine log:" not in output and not (tmp_path / "out.logs").exists()
     rows = pl.read_parquet(out / "results" / "*.parquet")
     rejects = pl.read_parquet(out / "rejects.parquet")
     assert rejects["reject_kind"].to_list() == ["unknown_adapter"] * 3

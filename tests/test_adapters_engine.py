@@ -27,6 +27,8 @@ def test_each_record_answers_as_vllm_does_under_its_adapter(models, tmp_path, wr
     data["sampling"] = {"max_tokens": 8, "temperature": 0.0}
     result = CliRunner().invoke(app, ["jobs", "run", str(write_spec(data))])
     assert result.exit_code == 0, result.output
+    [log] = (tmp_path / "out.logs").iterdir()  # vLLM's own lines, kept where it says
+    assert f"engine log: {log}" in result.output and log.stat().st_size
     rows = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet").sort("ticket_id")
     assert rows.height == 9
     spec = validate_spec(data)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import nightshift.running.engines as engines_module
-from nightshift.console import engine_output_to, screen
+from nightshift.console import engine_output_to, kept_log, screen
 from nightshift.engines.fake import FakeEngine
 from nightshift.errors import SpecError
 from nightshift.jobs.loading import validate_spec
@@ -143,6 +143,24 @@ def test_engine_output_goes_to_the_log_and_nightshift_lines_to_the_screen(tmp_pa
         assert noise in log.read_text()
     os.write(2, b"after\n")  # the terminal is back
     assert "after" in capfd.readouterr().err
+
+
+def test_a_log_nothing_was_written_to_is_not_kept(tmp_path):
+    """The fake engine prints nothing: its run names no log and leaves none behind; a
+    log with anything in it stays where the summary says."""
+    empty, written = tmp_path / "a.logs" / "engine.log", tmp_path / "b.logs" / "engine.log"
+    with engine_output_to(empty):
+        pass
+    with engine_output_to(written):
+        os.write(2, b"INFO engine noise\n")
+    assert kept_log(empty) is None and not empty.parent.exists()
+    assert kept_log(written) == written and "noise" in written.read_text()
+    beside = tmp_path / "c.logs"
+    with engine_output_to(beside / "engine.log"):
+        pass
+    (beside / "worker-2.log").write_text("from another run\n")
+    assert kept_log(beside / "engine.log") is None
+    assert [p.name for p in beside.iterdir()] == ["worker-2.log"]  # the folder stays
 
 
 @pytest.fixture

@@ -67,3 +67,15 @@ class ScreenHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = screen()  # not setStream: it would flush a stream already closed
         super().emit(record)
+
+
+def kept_log(log_path: Path) -> Path | None:
+    """``log_path`` when anything was written to it; else None, the empty file (and its
+    folder, when that is empty too) removed: a run whose engine printed nothing (the fake
+    engine) names no log and leaves none behind."""
+    with contextlib.suppress(OSError):
+        if log_path.stat().st_size:
+            return log_path
+        log_path.unlink()
+        log_path.parent.rmdir()  # only if nothing else is in it
+    return None

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nightshift.console import ScreenHandler, engine_output_to
+from nightshift.console import ScreenHandler, engine_output_to, kept_log
 from nightshift.jobs.loading import load_spec
 from nightshift.pipelines import stops, tempserver
 
@@ -81,7 +81,7 @@ def _run_flow_once(spec_path, overrides, overwrite, new_run, progress, verbose, 
                 progress=progress,
                 workers=workers,
             )
-    if log:
+    if log and kept_log(log):
         report["engine_log"] = str(log)
     return report
 
@@ -107,7 +107,7 @@ def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict
         done = _unless_stopped(
             worker_flow, spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])
         )
-    return {**done, "engine_log": str(log)}
+    return {**done, **({"engine_log": str(log)} if kept_log(log) else {})}
 
 
 def _unless_stopped(flow, **parameters) -> dict[str, Any]:
