@@ -298,10 +298,11 @@ class ShardRunner(ShardSettling):
         self.totals.count(not_sent(row) if self._from_cache(result.key) else row, ok)
         if self.cache is not None:
             self.cache.store(pending.token_ids, result, pending.sampling, pending.adapter)
-        id_column = self.spec.input.id_column
-        for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
-            (w.ok if ok else w.failed).append(copy)  # dedup: same answer, same chunk
-            self.totals.count(copy, ok)
+        if w.copies:  # dedup: its repeats get its answer, in the same chunk
+            id_column = self.spec.input.id_column
+            for copy in copy_rows(w.copies, pending.record_id, row, id_column, self.saved):
+                (w.ok if ok else w.failed).append(copy)
+                self.totals.count(copy, ok)
         self.progress.answered(w.shard, self.totals)
         self._stop_if_everything_fails(w)
         if w.remaining == 0:
