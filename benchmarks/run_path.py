@@ -98,7 +98,7 @@ class TreeMemory:
 
         self.root, self.peak_run, self.peak_tree, self.peak_other = psutil.Process(pid), 0, 0, 0
         self.cpu: list[tuple[float, float, float, float]] = []  # time, run, encoding, Prefect
-        self._ended: dict[int, tuple[str, float]] = {}  # a child's last reading, once it ends
+        self._last: dict[int, tuple[str, float]] = {}  # each child's last reading (ended ones too)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -126,8 +126,8 @@ class TreeMemory:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 kind = "prefect" if "uvicorn" in " ".join(child.cmdline()) else "encoding"
-                self._ended[child.pid] = (kind, _cpu(child))
-        readings = self._ended.values()
+                self._last[child.pid] = (kind, _cpu(child))
+        readings = self._last.values()
         return (
             sum(c for kind, c in readings if kind == "encoding"),
             sum(c for kind, c in readings if kind == "prefect"),

@@ -98,7 +98,7 @@ def label_rows(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if SCORED in row:
             scoring, scores = row[SCORED]
-            group = groups.get(id(scoring)) or groups.setdefault(id(scoring), (scoring, [], []))
+            group = groups.setdefault(id(scoring), (scoring, [], []))
             group[1].append(row)
             group[2].append(scores)
     for scoring, group_rows, scores in groups.values():
