@@ -12,6 +12,7 @@ from nightshift.cli import app
 from nightshift.jobs.loading import validate_spec
 from nightshift.running.engines import engine_arguments
 
+from .inprocess import vllm_in_this_process
 from .test_adapters import adapter_job
 
 pytestmark = pytest.mark.engine
@@ -32,7 +33,8 @@ def test_each_record_answers_as_vllm_does_under_its_adapter(models, tmp_path, wr
     rows = pl.read_parquet(tmp_path / "out" / "results" / "*.parquet").sort("ticket_id")
     assert rows.height == 9
     spec = validate_spec(data)
-    llm = LLM(**engine_arguments(spec))
+    with vllm_in_this_process():  # the reference: vLLM's own LLM, started in 3 s
+        llm = LLM(**engine_arguments(spec))
     try:
         loras = {n: LoRARequest(n, i, p) for i, (n, p) in enumerate(spec.model.adapters.items(), 1)}
         params = SamplingParams(temperature=0.0, max_tokens=8)

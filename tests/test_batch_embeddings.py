@@ -14,6 +14,8 @@ from openai.types import CreateEmbeddingResponse
 
 from nightshift.batch.run import run_batch
 
+from .inprocess import vllm_in_this_process
+
 URL = "/v1/embeddings"
 
 
@@ -110,7 +112,8 @@ def test_an_embeddings_batch_on_vllm_equals_llm_embed(smollm2, tmp_path):
         CreateEmbeddingResponse.model_validate(x["response"]["body"]).data[0].embedding
         for x in lines_of(out)
     ]
-    llm = LLM(model=str(smollm2), runner="pooling", max_model_len=512, enforce_eager=True)
+    with vllm_in_this_process():  # the reference: vLLM's own LLM, started in 3 s
+        llm = LLM(model=str(smollm2), runner="pooling", max_model_len=512, enforce_eager=True)
     try:
         theirs = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
     finally:

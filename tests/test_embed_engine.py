@@ -15,6 +15,7 @@ from nightshift.cli import app
 from nightshift.jobs.loading import validate_spec
 from nightshift.running.engines import engine_arguments
 
+from .inprocess import vllm_in_this_process
 from .test_embed import embed_job
 
 pytestmark = pytest.mark.engine
@@ -45,7 +46,8 @@ def test_embed_job_vectors_equal_llm_embed_on_the_same_texts(smollm2, tmp_path, 
     assert report["embedding"] == {"dimension": 576, "normalized": True}
     assert report["tokens"]["output"] == 0 and "576 dimensions" in result.output
     ours = np.array(rows["embedding"].to_list(), dtype=np.float64)
-    llm = LLM(**engine_arguments(validate_spec(data)))
+    with vllm_in_this_process():  # the reference: vLLM's own LLM, started in 3 s
+        llm = LLM(**engine_arguments(validate_spec(data)))
     try:
         theirs = [o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)]
     finally:

@@ -19,6 +19,7 @@ from nightshift.jobs.tasks import shared_first_tokens
 from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
+from .inprocess import vllm_in_this_process
 
 pytestmark = pytest.mark.engine
 
@@ -48,7 +49,8 @@ def engine(smollm2, tmp_path_factory):
     from nightshift.running.engines import start_vllm
 
     spec = validate_spec(_spec(smollm2, "unused", tmp_path_factory.mktemp("o")))
-    engine = start_vllm(spec)
+    with vllm_in_this_process():  # one engine for the module, started in 3 s
+        engine = start_vllm(spec)
     yield engine
     engine.close()
 

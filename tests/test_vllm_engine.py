@@ -20,6 +20,7 @@ from nightshift.jobs.loading import validate_spec
 from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict
+from .inprocess import vllm_in_this_process
 from .test_record_sampling import SCHEMA as SAMPLING_SCHEMA
 from .test_record_sampling import _detail, _job, _results
 
@@ -45,7 +46,8 @@ def engine(models, tmp_path_factory):
     data = spec_dict(models["chat"], "unused", tmp_path_factory.mktemp("o"))
     # dtype and eager mode left to the platform, as the shipped configs leave them
     data["model"]["dtype"], data["engine"] = "auto", {"max_num_seqs": 64}
-    engine = start_vllm(validate_spec(data))
+    with vllm_in_this_process():  # one engine for the module, started in 3 s
+        engine = start_vllm(validate_spec(data))
     yield engine
     engine.close()
 
