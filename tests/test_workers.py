@@ -119,10 +119,11 @@ def test_two_local_workers_share_the_shards_on_the_fake_engine(models, tmp_path,
 
 
 @pytest.mark.engine
-def test_three_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path, s3_env):
-    """Real vLLM, S3 output, 3 workers, 24 shards: kill worker-1 (and its engine) while
-    it holds a shard; its lease expires, another worker takes the shard over, and every
-    record is in the output exactly once."""
+def test_two_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path, s3_env):
+    """Real vLLM, S3 output, 2 workers, 24 shards: kill worker-1 (and its engine) while
+    it holds a shard; its lease expires, worker-0 takes the shard over, and every record
+    is in the output exactly once. Two workers, not three: on two cores a third engine
+    would share a core with another, and both crawl."""
     rows = tickets(144)
     write_records(tmp_path / "in" / "a.parquet", rows)
     out = f"s3://{s3_env.bucket}/jobs/{uuid.uuid4().hex[:8]}/out"
@@ -135,7 +136,7 @@ def test_three_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path,
     )
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    run = start_run(spec_path, 3, s3_env.env())
+    run = start_run(spec_path, 2, s3_env.env())
     try:
         victim = _kill_worker_holding_a_shard(run, out, "worker-1")
         stdout, stderr = run.communicate(timeout=900)
@@ -147,7 +148,7 @@ def test_three_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path,
     figures = report(out)
     assert figures["shards"]["count"] >= 20 and figures["shards"]["complete"]
     assert victim in JobOutput(out).shards.committed()  # taken over and finished
-    assert figures["this_run"]["engine_starts"] >= 2  # the survivors' engines
+    assert figures["this_run"]["engine_starts"] >= 1  # the survivor's engine
 
 
 def _kill_worker_holding_a_shard(run, out: str, name: str, timeout: float = 600) -> int:
