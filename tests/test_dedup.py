@@ -15,6 +15,7 @@ from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
 from .durable import assert_exactly_once, generated_prompts, read_table, report, run_cli
+from .inprocess import vllm_in_this_process
 
 RECORDS = 60
 DISTINCT = 20  # every prompt appears 3 times, under other ids
@@ -159,7 +160,8 @@ def test_repeats_and_the_cache_on_the_real_engine(models, tmp_path):
             )
         )
 
-    engine = start_vllm(spec("a"))
+    with vllm_in_this_process():  # one engine for both jobs, started in 3 s
+        engine = start_vllm(spec("a"))
     try:
         first = run_job(spec("a"), engine=engine, progress=False).report
         second = run_job(spec("b"), engine=engine, progress=False).report
