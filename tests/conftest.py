@@ -21,6 +21,9 @@ from .questions import questions_input  # noqa: F401  (a fixture: the planner te
 
 # Keep vLLM's CPU KV cache small so tests fit beside other processes.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# No report.png from the suite's hundreds of runs (1.5 s of CPU each: matplotlib); the
+# tests that check a run's chart turn it back on (reports.files.chart_wanted).
+os.environ["NIGHTSHIFT_REPORT_CHART"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -85,6 +85,7 @@ def test_the_flow_retries_a_shard_whose_engine_died_resumes_and_publishes_the_re
 
     killed: list[int] = []
     monkeypatch.setattr(ShardStore, "write_chunk", checkpoint_then_kill_the_engine)
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "1")  # the suite's runs draw none
     monkeypatch.setenv("NIGHTSHIFT_GPU_LIMIT", f"test-gpu-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     data = spec_dict(models["chat"], ticket_dir, out, plan={"shard_records": 40})

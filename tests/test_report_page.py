@@ -312,3 +312,20 @@ def test_a_measured_canary_is_a_band_of_its_own(report):
     assert chart_bands(report)[-1] == {"label": "canary", "start_s": 22.0, "end_s": 80.0}
     assert legend_labels(report) == ["planning", "canary", "records/s"]
     assert imread(io.BytesIO(chart_png_bytes(report))).shape[:2] == (900, 1000)
+
+
+def test_report_chart_0_writes_no_chart_and_drops_an_old_one(report, tmp_path, monkeypatch):
+    from nightshift.io.outputs import JobOutput
+    from nightshift.reports.files import write_report_files
+
+    output = JobOutput(str(tmp_path / "out"))
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "1")
+    write_report_files(output, copy.deepcopy(report))
+    assert (tmp_path / "out" / "report.png").read_bytes().startswith(PNG_MAGIC)
+    assert "](report.png)" in (tmp_path / "out" / "report.md").read_text()
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "0")
+    written = copy.deepcopy(report)
+    write_report_files(output, written)
+    assert not (tmp_path / "out" / "report.png").exists()
+    assert "![" not in (tmp_path / "out" / "report.md").read_text()
+    assert "chart" not in written and written["report"].endswith("report.json")

@@ -1,20 +1,35 @@
-"""The report's files in the output: report.png, report.md, then report.json last."""
+"""The report's files in the output: report.png, report.md, then report.json last.
+
+report.png costs about 1.5 s of CPU at a run's wrap-up (importing matplotlib, then
+drawing), whatever the run's size. ``NIGHTSHIFT_REPORT_CHART=0`` skips it: report.md
+then names no chart. The test suite sets it for its hundreds of small runs, and turns
+it back on where a test checks the chart."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from nightshift.io.outputs import REPORT_CHART, REPORT_FILE, REPORT_PAGE, JobOutput
-from nightshift.reports.chart import chart_png_bytes
 from nightshift.reports.page import report_markdown
+
+CHART_SETTING = "NIGHTSHIFT_REPORT_CHART"
+
+
+def chart_wanted() -> bool:
+    """Whether runs write report.png (unless ``NIGHTSHIFT_REPORT_CHART=0``)."""
+    return os.environ.get(CHART_SETTING, "1").strip() != "0"
 
 
 def write_report_files(output: JobOutput, report: dict[str, Any]) -> None:
     """report.png (when there is a timeline), report.md, then report.json, which
     names the other two (``report["chart"]``, ``report["report"]``)."""
     store = output.store
-    chart = chart_png_bytes(report)
+    wanted = chart_wanted()
+    chart = _chart(report) if wanted else None
+    if not wanted:  # an earlier run's chart would sit beside a report that names none
+        store.delete([REPORT_CHART])
     if chart:
         store.put_bytes(REPORT_CHART, chart)
         report["chart"] = store.uri(REPORT_CHART)
@@ -22,3 +37,9 @@ def write_report_files(output: JobOutput, report: dict[str, Any]) -> None:
     page = report_markdown(report, chart_name=REPORT_CHART if chart else None)
     store.put_bytes(REPORT_PAGE, page.encode())
     store.put_bytes(REPORT_FILE, (json.dumps(report, indent=2) + "\n").encode())
+
+
+def _chart(report: dict[str, Any]) -> bytes | None:
+    from nightshift.reports.chart import chart_png_bytes  # matplotlib: only when drawn
+
+    return chart_png_bytes(report)
