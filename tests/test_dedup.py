@@ -140,6 +140,7 @@ def test_a_kill_and_resume_stays_exact(models, tmp_path, point):
 
 
 @pytest.mark.engine
+@pytest.mark.engine_in_process
 def test_repeats_and_the_cache_on_the_real_engine(models, tmp_path):
     """vLLM is sent each distinct prompt once; a second job sharing cache.path is sent
     only its new prompts, and every old id keeps its answer."""

@@ -21,7 +21,7 @@ from nightshift.pipelines.direct import run_job
 from .conftest import spec_dict, write_records
 from .inprocess import vllm_in_this_process
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.engine_in_process]
 
 DEMO = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/classify.yaml").read_text())
 # Two of each label, so no constant answer (the model's leaning, uncorrected) passes.

@@ -20,7 +20,7 @@ from .conftest import write_records
 from .inprocess import vllm_in_this_process
 from .test_reasoning import reasoning_spec, rows, thinker  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.engine_in_process]
 
 BUDGET = 6
 RECORDS = 12  # one engine start for every path: the start, not the records, is the cost

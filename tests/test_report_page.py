@@ -323,7 +323,7 @@ def test_report_chart_0_writes_no_chart_and_drops_an_old_one(report, tmp_path, m
     write_report_files(output, copy.deepcopy(report))
     assert (tmp_path / "out" / "report.png").read_bytes().startswith(PNG_MAGIC)
     assert "](report.png)" in (tmp_path / "out" / "report.md").read_text()
-    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "0")
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", " False ")
     written = copy.deepcopy(report)
     write_report_files(output, written)
     assert not (tmp_path / "out" / "report.png").exists()

@@ -1,7 +1,8 @@
 """The suite's own promise (tests/conftest.py): under ``--dist loadgroup`` every
 real-engine test runs on one xdist worker, in turn. A pytest or xdist upgrade that drops
 the group does so silently (pytest-dev/pytest-xdist#1386), and two vLLM engines then
-share two cores: this runs the conftest's hook on four marked tests and checks."""
+share two cores: this runs the conftest's hook on six marked tests and checks (four with
+an engine process, two with their engine in the test's process: a group of their own)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ def test_real_engine_tests_all_run_on_one_worker(tmp_path):
         "import pytest\n\npytestmark = pytest.mark.engine\n\n\n"
         "@pytest.mark.parametrize('i', range(4))\ndef test_marked(i):\n    pass\n"
     )
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    engine: the real engine\n")
+    (tmp_path / "test_here.py").write_text(
+        "import pytest\n\npytestmark = [pytest.mark.engine, pytest.mark.engine_in_process]\n\n\n"
+        "@pytest.mark.parametrize('i', range(2))\ndef test_here(i):\n    pass\n"
+    )
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    engine: the real engine\n    engine_in_process: here\n"
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -34,6 +41,9 @@ def test_real_engine_tests_all_run_on_one_worker(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     passed = re.findall(r"\[(gw\d+)\] \[\s*\d+%\] PASSED (\S+)", run.stdout)
-    assert len(passed) == 4, run.stdout
-    assert all(test.endswith("@engine") for _, test in passed), passed
-    assert len({worker for worker, _ in passed}) == 1, passed
+    assert len(passed) == 6, run.stdout
+    for name, group in (("test_marked", "@engine"), ("test_here", "@engine_in_process")):
+        ours = [(worker, test) for worker, test in passed if f"::{name}[" in test]
+        assert len(ours) == (4 if name == "test_marked" else 2), passed
+        assert all(test.endswith(group) for _, test in ours), passed
+        assert len({worker for worker, _ in ours}) == 1, passed

@@ -1,15 +1,13 @@
 """The real engine: vLLM on the demo model, through the same job path users run.
 
-One engine is started for the module (start-up is the slow part) and shared by the jobs;
-the CLI test starts its own, as a user's command would.
+One engine is started for the module, in the test's own process (tests/inprocess.py), and
+shared by the jobs; test_vllm_cli starts its own, as a user's command would.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -24,7 +22,7 @@ from .inprocess import vllm_in_this_process
 from .test_record_sampling import SCHEMA as SAMPLING_SCHEMA
 from .test_record_sampling import _detail, _job, _results
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.engine_in_process]
 
 LABELS = ["billing", "bug", "feature_request", "account", "other"]
 SCHEMA = {
@@ -154,24 +152,6 @@ def test_rejects_and_prompt_caching_on_the_real_engine(models, tmp_path, engine)
     block = engine.info.block_size
     assert report["tokens"]["prompt_cached"] >= 19 * block  # all but the first reuse the preamble
     assert report["prefix_cache_hit_rate"] > 0
-
-
-def test_cli_run_on_a_model_without_chat_template(models, ticket_dir, tmp_path, write_spec):
-    spec = write_spec(spec_dict(models["plain"], ticket_dir, tmp_path / "out"))
-    cli = Path(sys.executable).parent / "nightshift"
-    done = subprocess.run(
-        [str(cli), "jobs", "run", str(spec), "--set", "run.chunk_records=64"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "120 ok, 0 rejected, 0 failed of 120 records" in done.stdout
-    results = read_results(tmp_path / "out")
-    assert set(results["label"]) <= set(LABELS) and len(results) == 120
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["time_s"]["engine_startup"] > 0
-    assert report["cost"]["usd_total"] > 0
 
 
 def test_a_prompt_vllm_refuses_fails_alone_and_results_stream_by_key(engine):

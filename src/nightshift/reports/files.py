@@ -18,8 +18,9 @@ CHART_SETTING = "NIGHTSHIFT_REPORT_CHART"
 
 
 def chart_wanted() -> bool:
-    """Whether runs write report.png (unless ``NIGHTSHIFT_REPORT_CHART=0``)."""
-    return os.environ.get(CHART_SETTING, "1").strip() != "0"
+    """Whether runs write report.png: unless ``NIGHTSHIFT_REPORT_CHART`` is 0, false,
+    no or off."""
+    return os.environ.get(CHART_SETTING, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def write_report_files(output: JobOutput, report: dict[str, Any]) -> None:
