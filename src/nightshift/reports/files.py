@@ -29,7 +29,7 @@ def write_report_files(output: JobOutput, report: dict[str, Any]) -> None:
     store = output.store
     wanted = chart_wanted()
     chart = _chart(report) if wanted else None
-    if not wanted:  # an earlier run's chart would sit beside a report that names none
+    if not wanted and store.exists(REPORT_CHART):  # else beside a report naming none
         store.delete([REPORT_CHART])
     if chart:
         store.put_bytes(REPORT_CHART, chart)
