@@ -46,12 +46,31 @@ def trained(pre, normalizer=None, specials=("<s>", "</s>"), added=()) -> PreTrai
     return hf
 
 
+# Every Unicode White_Space character (Rust regex's \s, which tiktoken splits on), and
+# characters Python or older Unicode call space that it does not
+WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+WHITE_SPACE += "\u2028\u2029\u202f\u205f\u3000"
+NEAR_SPACE = "\x1c\x1d\x1e\x1f\u180e\u200b\ufeff\x00"
+
+
 def hard_texts() -> list[str]:
-    """Texts beyond the check set: tickets, whitespace, scripts, specials, far planes."""
+    """Texts beyond the check set: tickets, whitespace, scripts, specials, far planes;
+    runs of every kind of space before words, digits, marks and the end (where GPT-2's
+    split cuts a run before its last space)."""
     pick = random.Random(7)
     alphabet = "ab Z9\n\r\t'.!-é日Ж😀\u0301\u00a0<>|/ "
     made = ["".join(pick.choice(alphabet) for _ in range(pick.randint(0, 80))) for _ in range(300)]
-    return [*CORPUS[:4], "<s> </s> <|im_end|>", "x\x04y\U00040001z", *made]
+    spaces = WHITE_SPACE + NEAR_SPACE + "   \n\n"
+    words = ["a", "Zz", "9", "12", "'s", "'t", ".", "!?", "é", "日", "😀", ""]
+    runs = [
+        "".join(
+            pick.choice(words) + "".join(pick.choice(spaces) for _ in range(pick.randint(0, 4)))
+            for _ in range(pick.randint(1, 12))
+        )
+        for _ in range(600)
+    ]
+    held_nul = ["\x00" + run for run in runs[:300]]  # cut without polars' marker
+    return [*CORPUS[:4], "<s> </s> <|im_end|>", "x\x04y\U00040001z", *made, *runs, *held_nul]
 
 
 def assert_same_ids(encoder: PromptEncoder) -> None:

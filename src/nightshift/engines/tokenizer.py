@@ -149,12 +149,17 @@ class PromptEncoder:
         last = [row[-2] for row in rows if len(row) > 1]
         shared = iter(self.encode_shared(leading))
         own = iter(self.encode_texts(last))
+        starts: dict[str, list[int]] = {}  # a batch's prompts mostly start alike
+        trusted = self._trusted
         out = []
         for row in rows:
-            ids = list(self._start(row[0]))
-            for k in range(1, len(row) - 1, 2):
-                ids += next(shared) if k < len(row) - 2 else next(own)
-                ids += self._trusted(row[k + 1])
+            start = starts.get(row[0])
+            if start is None:
+                start = starts[row[0]] = self._start(row[0])
+            ids, end = start.copy(), len(row) - 2
+            for k in range(1, end + 1, 2):
+                ids += next(own) if k == end else next(shared)
+                ids += trusted(row[k + 1])
             out.append(ids)
         return out
 

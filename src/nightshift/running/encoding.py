@@ -298,7 +298,10 @@ def serve(jobs: Connection, answers: Connection, parent: int) -> None:
             return
         try:
             ids = local.submit(pa.ipc.open_stream(data).read_all())()
-            answer = (array("i", map(len, ids)), array("i", itertools.chain.from_iterable(ids)))
+            flat: list[int] = []
+            for one in ids:
+                flat += one
+            answer = (array("i", map(len, ids)), array("i", flat))
         except Exception as exc:  # noqa: BLE001 - told to the run, which stops on it
             answer = (f"{type(exc).__name__}: {exc}", None)
         answers.send(answer)
