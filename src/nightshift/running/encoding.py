@@ -18,6 +18,7 @@ killed, the pipe closes and the child exits.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import pickle
@@ -169,6 +170,17 @@ def _kill_all(children: list[_Child]) -> None:
 
 
 _GONE = object()  # a child's answers: it ended
+PIPE_BYTES = 1 << 20  # a pipe's size where Linux allows it (64 KiB by default)
+
+
+def _roomy(fd: int) -> None:
+    """Make the pipe of ``fd`` hold a batch whole: a batch's ids (about 160 KB for 256
+    tickets) and its records. On a 64 KiB pipe the child's write waited on the run's
+    reader thread, which waits for the GIL, and the child stopped encoding meanwhile."""
+    setting = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if setting is not None:
+        with contextlib.suppress(OSError):  # past /proc/sys/fs/pipe-max-size: as it is
+            fcntl.fcntl(fd, setting, PIPE_BYTES)
 
 
 class _Child:
@@ -179,6 +191,8 @@ class _Child:
     def __init__(self, spec: JobSpec, local: LocalEncoding) -> None:
         jobs_read, jobs_write = os.pipe()
         answers_read, answers_write = os.pipe()
+        _roomy(jobs_write)
+        _roomy(answers_write)
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(jobs_read), str(answers_write), str(os.getpid())],
             pass_fds=(jobs_read, answers_write),
