@@ -205,3 +205,26 @@ def test_what_exists_when_the_feed_starts_is_out_of_the_collector_s_sight_until_
     loop.close()
     assert frozen and frozen[0] > 1000  # imports alone are many thousands of objects
     assert gc.get_freeze_count() == 0
+
+
+def test_the_collector_runs_less_while_any_feed_runs_and_as_before_after_the_last():
+    """A young collection every 20,000 containers, not 700, while feeds run (a record
+    makes a dozen); the threshold before is back once the last of two overlapping
+    feeds ends, whichever ends first."""
+    import gc
+
+    from nightshift.running.feeding import FEEDING_GC_THRESHOLD, collector_skips_what_exists
+
+    before = gc.get_threshold()
+    assert before != FEEDING_GC_THRESHOLD
+    first, second = collector_skips_what_exists(), collector_skips_what_exists()
+    first.__enter__()
+    assert gc.get_threshold() == FEEDING_GC_THRESHOLD
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first ends while the second still feeds
+    assert gc.get_threshold() == FEEDING_GC_THRESHOLD
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), collector_skips_what_exists():
+        raise RuntimeError("the engine died")
+    assert gc.get_threshold() == before
