@@ -31,8 +31,8 @@ Encoded = list[list[int] | None]  # None: a text tiktoken cannot take (``_withou
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # The same without its lookahead, which costs half of tiktoken's time on prose. Its one
 # effect: a run of two or more spaces before a non-space is split before its last
-# space (which then starts the next piece, `` word``). ``_cut_runs`` makes that cut
-# first, so the rest splits alike (``_gpt2_encoder``).
+# space (which then starts the next piece, `` word``). ``_TextBatch`` makes that cut
+# first, so the rest splits alike.
 GPT2_SPLIT_NO_LOOKAHEAD = GPT2_SPLIT.replace(r"\s+(?!\S)|", "")
 # Unicode White_Space: what ``\s`` is in Rust's regex (tiktoken's split, and polars)
 WHITE = "\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -130,9 +130,10 @@ class _TextBatch:
                 out.append(None)  # a byte with no token of its own: the tokenizer's own way
             elif not self.cut or CUT not in text:
                 out.append(plain(text))
+            elif CUT in texts[k]:  # its own NUL: polars' marks cannot be told apart
+                out.append(self._one(plain, texts[k]))
             else:
-                parts = text.split(CUT) if CUT not in texts[k] else RUN_CUT.split(texts[k])
-                out.append([i for part in parts for i in plain(part)])
+                out.append([i for part in text.split(CUT) for i in plain(part)])
         return out
 
     def _unusual(self, text: str) -> bool:

@@ -18,6 +18,7 @@ import gc
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import Any
 
 from nightshift.errors import LeaseLostError, NightshiftError, RunStoppedError, ShardAttemptFailed
 from nightshift.running.shardqueue import ShardQueue
@@ -128,7 +129,7 @@ def collector_skips_what_exists() -> Iterator[None]:
 
 
 _feeds_lock = threading.Lock()
-_feeds: list[tuple[int, ...]] = []  # the threshold before the first feed, once a feed
+_feeds: dict[str, Any] = {"running": 0, "threshold_before": gc.get_threshold()}
 
 
 @contextlib.contextmanager
@@ -140,12 +141,14 @@ def _collector_runs_less() -> Iterator[None]:
     makes no cycles that wait on it; its garbage goes by reference counts. The threshold
     before is put back when the last feed of the process ends."""
     with _feeds_lock:
-        _feeds.append(gc.get_threshold() if not _feeds else _feeds[0])
-        gc.set_threshold(*FEEDING_GC_THRESHOLD)
+        if not _feeds["running"]:
+            _feeds["threshold_before"] = gc.get_threshold()
+            gc.set_threshold(*FEEDING_GC_THRESHOLD)
+        _feeds["running"] += 1
     try:
         yield
     finally:
         with _feeds_lock:
-            before = _feeds.pop()
-            if not _feeds:
-                gc.set_threshold(*before)
+            _feeds["running"] -= 1
+            if not _feeds["running"]:
+                gc.set_threshold(*_feeds["threshold_before"])
