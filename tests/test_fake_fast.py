@@ -90,3 +90,62 @@ def test_the_fast_path_keeps_nothing_per_request_and_the_default_records_the_ord
     answers(default, SCORED)
     assert fast.order == [] and fast.taken == len(PROMPTS)
     assert default.order == list(range(len(PROMPTS))) and default.taken == len(PROMPTS)
+
+
+def cached(engine: FakeEngine, prompts: list[list[int]], sampling=SCORED) -> list[int]:
+    """Each prompt's cached tokens, sent one window after another in order."""
+    return [next(iter(engine.run([EngineRequest(k, ids)], sampling))).cached_tokens
+            for k, ids in enumerate(prompts)]  # fmt: skip
+
+
+def test_fast_cache_hits_are_whole_leading_blocks_of_the_same_prefix():
+    """A block counts only after every block before it hit: the same block after another
+    prefix is a miss, and the last token never comes from cache (as vLLM's)."""
+    a, b, c = [1] * 16, [2] * 16, [3] * 16
+    engine = FakeEngine(fast=True)
+    assert cached(engine, [a + b + [9], c + b + [9], a + c + [9], a + b + [8], a + b]) == [
+        0, 0, 16, 32, 16,  # fmt: skip
+    ]
+    assert cached(engine, [a + b + [9]], Sampling(1, pooling=Pooling(True))) == [32]
+
+
+def test_the_fast_cache_stays_bounded_and_keeps_what_was_touched_lately():
+    engine = FakeEngine(fast=True, cache_blocks=40)
+    prompts = [[7000 + i] * 16 + [1] for i in range(200)]
+    assert cached(engine, prompts) == [0] * 200
+    path = engine._fast_path
+    assert len(path._recent) + len(path._before) <= 40
+    assert cached(engine, [prompts[-1], prompts[-15], prompts[0]]) == [16, 16, 0]
+
+
+def test_the_fast_path_samples_afresh_keeps_stop_strings_and_choices():
+    from nightshift.engines.base import Constraint
+
+    def texts(sampling, engine=None):
+        return [r.text for r in answers(engine or FakeEngine(fast=True), sampling)]
+
+    greedy = Sampling(6, 0.0)
+    assert texts(greedy) == texts(greedy)
+    sampled = Sampling(6, 0.8)
+    assert texts(sampled) != texts(sampled)  # no seed: drawn afresh, as vLLM's
+    assert texts(Sampling(6, 0.8, seed=3)) == texts(Sampling(6, 0.8, seed=3))
+    words = {w for t in texts(greedy) for w in t.split()}
+    stop = sorted(words)[0]
+    cut = texts(Sampling(6, 0.0, stop=(stop,)))
+    assert all(stop not in t for t in cut) and any(len(t) < 6 * 4 for t in cut)
+    labels = ("yes", "no", "maybe")
+    assert set(texts(Sampling(1, constraint=Constraint(choice=labels)))) <= set(labels)
+
+
+def test_requests_the_fast_path_does_not_take_are_answered_on_the_default_one():
+    """Two answers, logprobs, an adapter or a record's own sampling: the default path's
+    work, with the fast digest; a window holding one of them goes that way whole."""
+    engine = FakeEngine(fast=True)
+    two = answers(engine, Sampling(3, 0.7, n=2))
+    assert all(len(r.choices) == 2 and r.choices[0].text != r.choices[1].text for r in two)
+    own = Sampling(2, 0.0, logprobs=1)
+    mixed = [EngineRequest(0, PROMPTS[0]), EngineRequest(1, PROMPTS[1], own),
+             EngineRequest(2, PROMPTS[2], adapter="sql")]  # fmt: skip
+    results = sorted(engine.run(mixed, SCORED), key=lambda r: r.key)
+    assert results[0].scores is not None and results[1].choices[0].logprobs is not None
+    assert results[2].text and engine.taken == len(PROMPTS) + 3

@@ -39,6 +39,7 @@ from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tes
     example_json,
     prompt_digest,
 )
+from nightshift.engines.fake_fast import FastAnswers, is_plain
 from nightshift.errors import EngineFatalError, EngineStalledError
 
 # What a GPU's KV cache holds, in blocks of 16 tokens: an H100 at FP8 KV with a model of
@@ -164,6 +165,7 @@ class FakeEngine:
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
         self.embedding_size = embedding_size  # a pooling request's vector length
         self._fast = fast  # a few µs a record: benchmarks tell nightshift's cost from its
+        self._fast_path = FastAnswers(block_size, cache_blocks, embedding_size, self._answer)
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -173,7 +175,7 @@ class FakeEngine:
         pending, exhausted = iter(requests), False
         while not exhausted and not self._interrupted:
             window, exhausted = self._take_window(pending)
-            results = [self._one(request, sampling) for request in window]
+            results = self._answer_window(window, sampling)
             self._stats.engine_steps += 1
             self._stats.peak_running = max(self._stats.peak_running, len(window))
             self._write_log(window, results)
@@ -219,6 +221,19 @@ class FakeEngine:
             if len(window) == self._window:
                 return window, False
         return window, True
+
+    def _answer_window(self, window: list[EngineRequest], sampling: Sampling) -> list:
+        """The window's results: on the fast path (``engines.fake_fast``) when it is on,
+        injects no failures and every request in the window is plain."""
+        plain = self._fast and is_plain(sampling) and not self._noise
+        plain = plain and not (self._fail_when or self._abort_every or self._flaky_every)
+        if plain and all(r.sampling is None and r.adapter is None for r in window):
+            self.taken += len(window)
+            return self._fast_path.answer(window, sampling, self._stats, self._draw)
+        return [self._one(request, sampling) for request in window]
+
+    def _draw(self) -> int:
+        return self._rng.getrandbits(48)
 
     def _maybe_die(self) -> None:
         if self._die_after is not None:
@@ -391,3 +406,4 @@ class FakeEngine:
 
     def close(self) -> None:
         self._blocks.clear()
+        self._fast_path.clear()
