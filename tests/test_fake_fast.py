@@ -104,7 +104,11 @@ def test_fast_cache_hits_are_whole_leading_blocks_of_the_same_prefix():
     a, b, c = [1] * 16, [2] * 16, [3] * 16
     engine = FakeEngine(fast=True)
     assert cached(engine, [a + b + [9], c + b + [9], a + c + [9], a + b + [8], a + b]) == [
-        0, 0, 16, 32, 16,  # fmt: skip
+        0,
+        0,
+        16,
+        32,
+        16,  # fmt: skip
     ]
     assert cached(engine, [a + b + [9]], Sampling(1, pooling=Pooling(True))) == [32]
 
