@@ -164,3 +164,41 @@ def test_no_early_launch_where_a_settings_file_may_name_a_server(
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_ENABLED")
     monkeypatch.setenv("PREFECT_API_URL", "http://h:4200/api")
     assert tempserver._named_elsewhere()
+
+
+CONSOLE_SCRIPT = """
+import os, sys
+from nightshift.pipelines import tempserver
+def launch_early():  # what the console script had imported and set by then
+    early = ("typer" in sys.modules, "prefect" in sys.modules)
+    print("launched", *early, os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), flush=True)
+tempserver.launch_early = launch_early
+sys.argv = ["nightshift", *sys.argv[1:]]
+from nightshift.command import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "launched"),
+    [
+        (["jobs", "run", "missing.yaml"], True),
+        (["batch", "run", "missing.jsonl", "out.jsonl", "--model", "m"], True),
+        (["jobs", "run", "missing.yaml", "--help"], False),
+        (["jobs", "plan", "missing.yaml"], False),
+    ],
+)
+def test_the_console_script_launches_the_server_first_for_a_command_that_runs_a_job(
+    args, launched, tmp_path
+):
+    """Before the CLI's own imports (typer, Prefect), with nightshift's server settings;
+    no other command starts one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_SERVER_ANALY")}
+    run = subprocess.run(
+        [sys.executable, "-c", CONSOLE_SCRIPT, *args],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in run.stdout.splitlines() if line.startswith("launched")]
+    assert lines == (["launched False False false"] if launched else []), run.stdout + run.stderr
+    # the CLI ran after it: its help, or no such spec or file
+    assert (run.returncode == 0) == ("--help" in args), run.stderr

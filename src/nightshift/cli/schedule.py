@@ -26,8 +26,8 @@ def serve(directory: Path = SPECS) -> None:
     One Prefect deployment per spec with a schedule section, served from this process;
     stop with Ctrl-C. Reports to PREFECT_API_URL.
     """
-    from nightshift.pipelines.local import prefect_defaults
     from nightshift.pipelines.stops import python_signal_defaults
+    from nightshift.pipelines.tempserver import prefect_defaults
 
     python_signal_defaults()  # Prefect's runner stops its flow runs on Ctrl-C itself
     prefect_defaults(quiet=False)
@@ -47,7 +47,7 @@ def deploy(
     One deployment per spec with a schedule section; Prefect workers on the GPU
     machines (prefect worker start --pool POOL) run the jobs.
     """
-    from nightshift.pipelines.local import prefect_defaults
+    from nightshift.pipelines.tempserver import prefect_defaults
 
     prefect_defaults(quiet=False)
     from nightshift.pipelines.schedules import deploy_specs

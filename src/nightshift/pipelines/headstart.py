@@ -26,6 +26,7 @@ when the block ends (the plan failed first).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from importlib import import_module
 
@@ -62,6 +63,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         if early and not host_takes_slots():
             engines.start_head(spec)
         if server is not None:
+            _import_the_chart(server)
             server.join()  # the flow's client must not find a half-started server
             tempserver.use()
         yield
@@ -86,6 +88,14 @@ def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
         if known is not None and known.tokenizer_class() is not None:
             return
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
+
+
+def _import_the_chart(server: threading.Thread) -> None:
+    """The report's chart module (matplotlib: about 0.5 s on 2 cores), imported while the
+    server still boots, so the wrap-up draws at once; not while an engine is being built
+    in a thread of this process (one importer at a time, as above)."""
+    if server.is_alive() and not engines.head_starting(wait_s=0.1):
+        import_module("nightshift.reports.chart")
 
 
 def _prepared(spec: JobSpec) -> bool:

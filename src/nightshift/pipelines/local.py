@@ -24,17 +24,7 @@ from typing import Any
 from nightshift.console import ScreenHandler, engine_output_to, kept_log
 from nightshift.jobs.loading import load_spec
 from nightshift.pipelines import stops, tempserver
-
-# Applied before Prefect is imported (its settings are read then).
-_QUIET_PREFECT = {
-    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "CRITICAL",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # Two busy cores can take longer than Prefect's 20 s default to start the server.
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
-    # Prefect's usage telemetry (and its first-run notice): off unless the user opts in.
-    "DO_NOT_TRACK": "1",
-}
+from nightshift.pipelines.tempserver import prefect_defaults
 
 
 def run_flow_once(
@@ -123,14 +113,6 @@ def _unless_stopped(flow, **parameters) -> dict[str, Any]:
         return stop.report
     finally:
         stops.flow_returned(before)  # a stop waiting on Prefect's last calls waits no more
-
-
-def prefect_defaults(quiet: bool) -> None:
-    """Set nightshift's Prefect defaults where the user has not set them; call before
-    Prefect is imported."""
-    for key, value in _QUIET_PREFECT.items():
-        if quiet or key != "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL":
-            os.environ.setdefault(key, value)
 
 
 def _show_nightshift_warnings() -> None:

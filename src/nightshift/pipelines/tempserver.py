@@ -6,7 +6,8 @@ only after importing its whole server package in this process: 1.8-2.4 s on the 
 thread before the server's own boot (3-4 s) even begins, on the start-up path of every
 run. Here the process starts straight away, with the command and environment Prefect
 gives it (``prefect<3.7.8`` is pinned), and where nothing in sight names a server of the
-user's, before this process even imports Prefect (``launch_early``); once it answers,
+user's, before this process even imports Prefect (``launch_early``: the console script
+calls it first of all for a command that runs a job, ``nightshift.command``); once it answers,
 ``PREFECT_API_URL`` points at it, so every Prefect client of this process (the flow's,
 its log and event workers') uses it and none starts another.
 
@@ -33,6 +34,18 @@ import time
 from pathlib import Path
 
 from nightshift.engines import processes
+
+# Applied before Prefect is imported (its settings are read then).
+_QUIET_PREFECT = {
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "CRITICAL",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Two busy cores can take longer than Prefect's 20 s default to start the server.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+    # Prefect's usage telemetry (and its first-run notice): off unless the user opts in.
+    "DO_NOT_TRACK": "1",
+}
+
 
 _PORT_TAKEN = 3  # uvicorn's exit status when it cannot bind its port
 _STOP_GRACE_S = 1.0
@@ -85,6 +98,14 @@ class TemporaryServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def prefect_defaults(quiet: bool) -> None:
+    """Set nightshift's Prefect defaults where the user has not set them; call before
+    Prefect is imported."""
+    for key, value in _QUIET_PREFECT.items():
+        if quiet or key != "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL":
+            os.environ.setdefault(key, value)
 
 
 def launch_early() -> None:

@@ -225,6 +225,13 @@ def start_head(spec: JobSpec) -> None:
     _head = EngineStart(spec)
 
 
+def head_starting(wait_s: float = 0.0) -> bool:
+    """Whether a head-started engine is still being built (its thread may import), after
+    waiting up to ``wait_s`` for it to be."""
+    head = _head
+    return head is not None and not head._done.wait(wait_s)
+
+
 def _take_head(spec: JobSpec) -> EngineStart | None:
     """The head-started engine, if it is the one ``spec`` asks for (else shut down)."""
     global _head
