@@ -260,3 +260,20 @@ def test_the_first_record_in_input_order_is_the_original(shuffled):
     alone, none = split_copies(keys.head(2))  # no repeats: nothing is a copy
     assert alone["record_id"].to_list() == ["a", "b"] and none.height == 0
     assert alone[ANSWERED_FROM].null_count() == 2 and DIGEST not in alone.columns
+
+
+@pytest.mark.parametrize(
+    ("ids", "wanted"),
+    [
+        (pa.chunked_array([["t1", "t2", "t3"], ["t4"]]), {"t2", "t4"}),
+        (pa.chunked_array([pa.array([5, 6, 7], pa.uint32())]), {6}),  # Python ints: int64
+        (pa.chunked_array([pa.array([5, 6, 7], pa.uint8())]), {6, 900}),  # 900 fits no uint8
+    ],
+)
+def test_copies_are_picked_out_of_a_shard_by_id_whatever_its_type(ids, wanted):
+    """What a resume reads back for each copy: by Arrow where it can, else by set."""
+    from nightshift.running.copies import _among
+
+    mask = _among(ids, wanted)
+    assert [i for i, m in zip(ids.to_pylist(), pa.chunked_array([mask]).to_pylist(), strict=True)
+            if m] == [i for i in ids.to_pylist() if i in wanted]  # fmt: skip

@@ -164,10 +164,14 @@ class PlanStore:
             return data
         return self._kept(key) or data
 
-    def shard_batches(self, shard: int, rows: int) -> Iterator[pa.RecordBatch]:
+    def shard_batches(
+        self, shard: int, rows: int, columns: list[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """``shard``'s planned records in run order, ``rows`` at a time (``columns``
+        only, where given)."""
         with tempfile.TemporaryDirectory(prefix="nightshift-shard-") as tmp:
             path = self.store.download(self.shard_key(shard), Path(tmp) / "shard.parquet")
-            yield from pq.ParquetFile(path).iter_batches(batch_size=rows)
+            yield from pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns)
 
     def read_records(self, columns: list[str]) -> pa.Table:
         """Those of ``columns`` the plan has, for every planned record (each increment's),

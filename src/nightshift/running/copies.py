@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nightshift.io.planstore import PlanStore
 from nightshift.jobs.columns import kept_rows
@@ -59,18 +60,30 @@ class CopyBook:
         }
 
     def _kept(self, shard: int, id_column: str, keep: list[str]) -> dict[Any, dict]:
+        """Each copy's kept columns, from the shard's plan: only the columns wanted, the
+        copies picked out by Arrow (a Python test per record was 2.5 µs of every record,
+        on the thread that feeds the engine)."""
         if not keep:
             return {}
         wanted, kept = self.ids(shard), {}
-        for batch in self.plans.shard_batches(shard, 4096):
+        columns = list(dict.fromkeys([id_column, *keep]))
+        for batch in self.plans.shard_batches(shard, 65_536, columns=columns):
             records = pa.Table.from_batches([batch])
-            ids = records.column(id_column).to_pylist()  # a set lookup each, not per batch
-            records = records.filter(pa.array([i in wanted for i in ids], pa.bool_()))
+            records = records.filter(_among(records.column(id_column), wanted))
             for record_id, row in zip(
                 records.column(id_column).to_pylist(), kept_rows(records, keep), strict=True
             ):
                 kept[record_id] = row
         return kept
+
+
+def _among(ids: pa.ChunkedArray, wanted: set) -> pa.ChunkedArray | pa.Array:
+    """Which of ``ids`` are in ``wanted``: by Arrow where the ids take its values' type,
+    else one set lookup each."""
+    try:
+        return pc.is_in(ids, value_set=pa.array(list(wanted)).cast(ids.type))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return pa.array([i in wanted for i in ids.to_pylist()], pa.bool_())
 
 
 def _may_have_copies(manifest: dict[str, Any]) -> bool:
