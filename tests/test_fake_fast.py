@@ -153,3 +153,50 @@ def test_requests_the_fast_path_does_not_take_are_answered_on_the_default_one():
     results = sorted(engine.run(mixed, SCORED), key=lambda r: r.key)
     assert results[0].scores is not None and results[1].choices[0].logprobs is not None
     assert results[2].text and engine.taken == len(PROMPTS) + 3
+
+
+def test_a_plain_requests_answer_and_cache_count_do_not_depend_on_its_window():
+    """A window holding a request with its own sampling, or an adapter, answers its plain
+    requests as a window of plain ones would, from the same cache."""
+    own = Sampling(2, 0.0, logprobs=1)
+
+    def run(neighbours: bool) -> list:
+        engine = FakeEngine(fast=True)
+        results = []
+        for k, ids in enumerate(PROMPTS):
+            window = [EngineRequest(k, ids)]
+            if neighbours and k % 3:
+                window.append(
+                    EngineRequest(100 + k, ids[:40] + [7, k], own, "sql" if k % 2 else None)
+                )
+            results += [r for r in engine.run(window, Sampling(5, 0.0)) if r.key < 100]
+        return sorted((r.key, r.text, r.cached_tokens) for r in results)
+
+    assert run(neighbours=True) == run(neighbours=False)
+
+
+def test_fast_answers_hold_for_any_prompt_block_size_and_cache():
+    """An empty prompt is answered; the block size changes cache counts, never answers;
+    a cache of no blocks serves nothing; a stop string is named as the default path's is."""
+    sampling = Sampling(8, 0.0)
+    small, large = FakeEngine(fast=True, block_size=16), FakeEngine(fast=True, block_size=32)
+    assert [r.text for r in answers(small, sampling)] == [r.text for r in answers(large, sampling)]
+    [empty] = FakeEngine(fast=True).run([EngineRequest(0, [])], sampling)
+    assert empty.text and empty.prompt_tokens == 0 and empty.cached_tokens == 0
+    none = FakeEngine(fast=True, cache_blocks=0)
+    assert cached(none, [PROMPTS[0]] * 3) == [0, 0, 0]
+    text = answers(FakeEngine(fast=True), sampling)[0].text
+    stop = text.split()[3]
+    result = answers(FakeEngine(fast=True), Sampling(8, 0.0, stop=(stop,)))[0]
+    assert result.finish_reason == "stop" and result.all_choices()[0].stop_sequence == stop
+
+
+def test_fast_answers_are_as_varied_as_the_default_paths():
+    """Each word of a long answer varies from prompt to prompt (a table of answers must
+    not make the benchmark's output shorter or more alike than a real engine's)."""
+    prompts = [[5, i, i * 7 % 1000] for i in range(3000)]
+    engine = FakeEngine(fast=True)
+    texts = [r.text for r in engine.run([EngineRequest(k, p) for k, p in enumerate(prompts)],
+                                        Sampling(32, 0.0))]  # fmt: skip
+    assert len(set(texts)) > 2900 and all(len(t.split()) == 32 for t in texts)
+    assert min(len({t.split()[i] for t in texts}) for i in range(32)) > 500

@@ -67,7 +67,7 @@ def test_the_booted_server_answers_and_every_prefect_client_of_the_process_uses_
 def test_a_server_that_lost_its_port_starts_again_on_another(no_server_url, monkeypatch):
     launch, ports = tempserver._launch, []
 
-    def first_loses_its_port(port: int, settings: bool = True) -> subprocess.Popen:
+    def first_loses_its_port(port: int, settings: bool = True, quiet: bool = False):
         ports.append(port)
         return _exits(tempserver._PORT_TAKEN) if len(ports) == 1 else launch(port, settings)
 
@@ -82,7 +82,7 @@ def test_a_server_that_lost_its_port_starts_again_on_another(no_server_url, monk
 
 @outside_the_harness
 def test_a_server_that_never_answers_is_stopped_and_prefect_decides(no_server_url, monkeypatch):
-    monkeypatch.setattr(tempserver, "_launch", lambda port, settings=True: _exits(1))
+    monkeypatch.setattr(tempserver, "_launch", lambda port, settings=True, quiet=False: _exits(1))
     thread = tempserver.boot()
     thread.join()
     tempserver.use()
@@ -169,9 +169,11 @@ def test_no_early_launch_where_a_settings_file_may_name_a_server(
 CONSOLE_SCRIPT = """
 import os, sys
 from nightshift.pipelines import tempserver
-def launch_early():  # what the console script had imported and set by then
-    early = ("typer" in sys.modules, "prefect" in sys.modules)
-    print("launched", *early, os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), flush=True)
+def launch_early(quiet):  # what the console script had imported and set by then
+    early = ("typer" in sys.modules, "prefect" in sys.modules, quiet)
+    console = os.environ.get("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
+    print("launched", *early, os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED"), console,
+          flush=True)
 tempserver.launch_early = launch_early
 sys.argv = ["nightshift", *sys.argv[1:]]
 from nightshift.command import main
@@ -179,13 +181,18 @@ main()
 """
 
 
+QUIET = "launched False False True false CRITICAL"  # its output nowhere, Prefect's quiet
+VERBOSE = "launched False False False false None"  # -v: its output on the screen
+
+
 @pytest.mark.parametrize(
     ("args", "launched"),
     [
-        (["jobs", "run", "missing.yaml"], True),
-        (["batch", "run", "missing.jsonl", "out.jsonl", "--model", "m"], True),
-        (["jobs", "run", "missing.yaml", "--help"], False),
-        (["jobs", "plan", "missing.yaml"], False),
+        (["jobs", "run", "missing.yaml"], QUIET),
+        (["jobs", "run", "missing.yaml", "-v"], VERBOSE),
+        (["batch", "run", "missing.jsonl", "out.jsonl", "--model", "m"], QUIET),
+        (["jobs", "run", "missing.yaml", "--help"], None),
+        (["jobs", "plan", "missing.yaml"], None),
     ],
 )
 def test_the_console_script_launches_the_server_first_for_a_command_that_runs_a_job(
@@ -193,12 +200,37 @@ def test_the_console_script_launches_the_server_first_for_a_command_that_runs_a_
 ):
     """Before the CLI's own imports (typer, Prefect), with nightshift's server settings;
     no other command starts one."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_SERVER_ANALY")}
+    ours = ("PREFECT_SERVER_ANALYTICS_ENABLED", "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
     run = subprocess.run(
         [sys.executable, "-c", CONSOLE_SCRIPT, *args],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     lines = [line for line in run.stdout.splitlines() if line.startswith("launched")]
-    assert lines == (["launched False False false"] if launched else []), run.stdout + run.stderr
+    assert lines == ([launched] if launched else []), run.stdout + run.stderr
     # the CLI ran after it: its help, or no such spec or file
     assert (run.returncode == 0) == ("--help" in args), run.stderr
+
+
+QUIET_RUN = """
+from nightshift.pipelines import tempserver
+server = tempserver.TemporaryServer(settings=False, quiet=True)
+assert server.ready(120), "no answer"
+server.stop()
+"""
+
+
+def test_a_quiet_server_prints_nothing_however_much_it_logs():
+    """An early launch comes before the run's engine log is open: without -v, what the
+    server prints (here every INFO line) must not reach the screen."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_SERVER_LOGGING_LEVEL="INFO", PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL="INFO")
+    run = subprocess.run(
+        [sys.executable, "-c", QUIET_RUN], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout == run.stderr == "", run.stdout + run.stderr
+    loud = subprocess.run(
+        [sys.executable, "-c", QUIET_RUN.replace("quiet=True", "quiet=False")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert loud.returncode == 0 and "uvicorn" in loud.stdout + loud.stderr  # the check can fail

@@ -22,8 +22,12 @@ def main() -> None:
     if tuple(args[:2]) in RUNS_A_JOB and "--help" not in args:
         from nightshift.pipelines import tempserver
 
-        tempserver.prefect_defaults(quiet=False)  # what the server reads; quiet adds one
-        tempserver.launch_early()
+        # As the run sets them (``pipelines.local``), before the server reads them; its
+        # output goes where a run's engine output goes: the screen with -v, else nowhere
+        # (the run's engine log, where it went when launched later, is not open yet).
+        verbose = "-v" in args or "--verbose" in args
+        tempserver.prefect_defaults(quiet=not verbose)
+        tempserver.launch_early(quiet=not verbose)
     from nightshift.cli import main as run_command
 
     run_command()

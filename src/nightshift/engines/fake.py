@@ -81,8 +81,8 @@ class FakeEngine:
     slows it down and ``log`` (a file path) gets one line per generated request (its
     ``prompt_digest``), for the kill tests. ``fast`` makes its answers from Python's
     hash of the prompt's ids (fixed across runs too, but other answers than the default
-    path's), so it costs a few microseconds a record: what a benchmark of nightshift's
-    own cost subtracts must be small beside it.
+    path's), so it costs about 10 µs a record (``engines.fake_fast``): what a benchmark
+    of nightshift's own cost subtracts must be small beside it.
 
     Results come back out of order (each window of ``window`` requests reversed), as a
     real engine's do, so callers must match them by key.
@@ -164,7 +164,7 @@ class FakeEngine:
         # an FP8 KV cache's rounding: this share of prompts (fixed ones) answer otherwise
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
         self.embedding_size = embedding_size  # a pooling request's vector length
-        self._fast = fast  # a few µs a record: benchmarks tell nightshift's cost from its
+        self._fast = fast  # about 10 µs a record: benchmarks tell nightshift's cost from its
         self._fast_path = FastAnswers(block_size, cache_blocks, embedding_size, self._answer)
 
     def run(
@@ -223,14 +223,22 @@ class FakeEngine:
         return window, True
 
     def _answer_window(self, window: list[EngineRequest], sampling: Sampling) -> list:
-        """The window's results: on the fast path (``engines.fake_fast``) when it is on,
-        injects no failures and every request in the window is plain."""
-        plain = self._fast and is_plain(sampling) and not self._noise
-        plain = plain and not (self._fail_when or self._abort_every or self._flaky_every)
-        if plain and all(r.sampling is None and r.adapter is None for r in window):
-            self.taken += len(window)
-            return self._fast_path.answer(window, sampling, self._stats, self._draw)
-        return [self._one(request, sampling) for request in window]
+        """The window's results, in order: its plain requests (the run's sampling, no
+        adapter) on the fast path (``engines.fake_fast``) when it is on, the sampling is
+        one it takes and no failures are injected; the others each on the default path."""
+        fast = self._fast and is_plain(sampling) and not self._noise
+        fast = fast and not (self._fail_when or self._abort_every or self._flaky_every)
+        if not fast:
+            return [self._one(request, sampling) for request in window]
+        plain = [r for r in window if r.sampling is None and r.adapter is None]
+        self.taken += len(plain)
+        answered = iter(self._fast_path.answer(plain, sampling, self._stats, self._draw))
+        if len(plain) == len(window):
+            return list(answered)
+        return [
+            next(answered) if r.sampling is None and r.adapter is None else self._one(r, sampling)
+            for r in window
+        ]
 
     def _draw(self) -> int:
         return self._rng.getrandbits(48)
@@ -372,7 +380,10 @@ class FakeEngine:
     def _cache(self, ids: list[int]) -> int:
         """Tokens served from cache: whole leading blocks seen before (never the last token).
         A block's key chains its tokens onto the key of the blocks before it, as vLLM's
-        block hashes do: one cheap hash a block (these keys never leave the process)."""
+        block hashes do: one cheap hash a block (these keys never leave the process). The
+        fast path's own cache when it is on: one cache for every request."""
+        if self._fast:
+            return self._fast_path.cached(ids)
         size = self.info.block_size
         cached, hit, key = 0, True, 0
         for end in range(size, len(ids), size):

@@ -1,5 +1,6 @@
 """The fake engine's fast path (``FakeEngine(fast=True)``, NIGHTSHIFT_FAKE_FAST=1): plain
-requests answered at a few microseconds a record, so a benchmark of nightshift's own cost
+requests answered a window at a time, at 7-12 µs a record, half the default path's cost
+before (its block hashing alone took more), so a benchmark of nightshift's own cost
 subtracts little beside what it measures.
 
 A plain request is one under the run's own sampling, with no adapter, whose sampling
@@ -10,11 +11,19 @@ asks for one answer without logprobs or thinking; the engine answers every other
   made in C (``zip`` cuts the blocks, ``hash`` each, a running sum of them times fixed
   odd weights chains each key to every block before it), looked up in two sets: the
   blocks touched lately, and those touched in the span before (once the first holds half
-  of ``cache_blocks``, it becomes the second). A bounded cache whose hits are those of a
-  least-recently-used one, give or take that half;
-- its digest (its last block's key and the tokens after it), from which its answer, its
-  label scores and its vector come: 4,096 answers and score rows a sampling, each made
-  once, so answers stay fixed per prompt, as the default path's do (other answers).
+  of ``cache_blocks``, it becomes the second; 0 caches nothing). Unbounded, its hits are
+  the default path's exactly. Bounded, it holds at most ``cache_blocks`` keys and two
+  prompts' blocks more, and forgets sooner than a least-recently-used cache: a block
+  survives between half and all of ``cache_blocks`` later touches, so a working set
+  over half the cache is partly lost (a job's hot shared prefixes are not);
+- its digest (``hash`` of its ids, as the default path's fast digest), from which its
+  answer, its label scores and its vector come: 65,536 answers and 4,096 score rows a
+  sampling, each made once when first needed, so answers stay fixed per prompt and
+  process, whatever the block size (other answers than the default path's).
+
+Requests the fast path does not take (another sampling, an adapter) are answered by the
+engine's default path, with this cache, so neither their answers nor any cache count
+depend on which requests share their window.
 """
 
 from __future__ import annotations
@@ -25,10 +34,12 @@ from collections.abc import Sequence
 from itertools import accumulate, islice, takewhile
 from operator import add, mul
 
-from nightshift.engines.base import EngineRequest, EngineResult, EngineStats, Sampling
+from nightshift.engines.base import Choice, EngineRequest, EngineResult, EngineStats, Sampling
 from nightshift.engines.fake_answers import _BITS_64, _fast_vector
 
-_ROWS = 4096  # answers and score rows a sampling keeps: distinct enough, made once each
+_ANSWERS = 1 << 16  # answers a sampling keeps: as varied as a run's output, made once each
+_SCORES = 4096  # label-score rows a sampling keeps (made-up numbers: plenty)
+_SEED_BITS = (1 << 48) - 1  # what the engine's answers draw their words from
 _WEIGHTS: list[int] = []  # the blocks' weights, odd, the same in every engine and process
 _DRAW_WEIGHT = random.Random(16).getrandbits
 _GROWING = threading.Lock()  # engines in two threads draw the weights in one order
@@ -50,6 +61,7 @@ class FastAnswers:
         self._embedding_size = embedding_size
         self._recent: set[int] = set()
         self._before: set[int] = set()
+        self._caches = cache_blocks != 0
         self._half = max(1, cache_blocks // 2) if cache_blocks else None
         self._answer = answer
         self._made: tuple[Sampling, list, list] | None = None  # the sampling's rows
@@ -70,16 +82,18 @@ class FastAnswers:
         results, prompt, cached_all, out = [], 0, 0, 0
         for request in window:
             ids = request.token_ids
-            cached, digest = self._cached(ids)
+            cached, digest = self.cached(ids), hash(tuple(ids)) & _BITS_64
             prompt, cached_all = prompt + len(ids), cached_all + cached
-            row = digest % _ROWS
-            score = scores[row] if scores else None
+            row = digest % _ANSWERS
             if sampled:  # as the default path: the prompt's digest plus the draw
-                row = (digest + (draw() if sampling.seed is None else sampling.seed)) % _ROWS
-            text, finish, tokens = answers[row] or self._make(row, sampling)
+                row = (digest + (draw() if sampling.seed is None else sampling.seed)) % _ANSWERS
+            text, finish, tokens, stop = answers[row] or self._make(row, sampling)
             out += tokens
             result = EngineResult(request.key, text, finish, len(ids), tokens, cached)
-            result.scores = score
+            if scores is not None:
+                result.scores = scores[digest % _SCORES] or self._score(digest % _SCORES, sampling)
+            if stop is not None:  # which stop string ended it: a choice says so
+                result.choices = (Choice(text, finish, tokens, stop),)
             results.append(result)
         _count(stats, prompt, cached_all, out)
         return results
@@ -91,7 +105,7 @@ class FastAnswers:
         results, prompt, cached_all = [], 0, 0
         for request in window:
             ids = request.token_ids
-            cached, digest = self._cached(ids)
+            cached, digest = self.cached(ids), hash(tuple(ids)) & _BITS_64
             prompt, cached_all = prompt + len(ids), cached_all + cached
             result = EngineResult(request.key, "", "stop", len(ids), 0, cached)
             result.embedding = _fast_vector(digest, size, normalize)  # read-only float32
@@ -99,11 +113,12 @@ class FastAnswers:
         _count(stats, prompt, cached_all, 0)
         return results
 
-    def _cached(self, ids: Sequence[int]) -> tuple[int, int]:
-        """Tokens served from cache (whole leading blocks touched before), and the
-        prompt's digest."""
+    def cached(self, ids: Sequence[int]) -> int:
+        """Tokens of ``ids`` served from cache: whole leading blocks touched before."""
         size = self._size
-        full = (len(ids) - 1) // size
+        full = max(0, (len(ids) - 1) // size)
+        if not (full and self._caches):
+            return 0
         if len(_WEIGHTS) < full:
             with _GROWING:
                 _WEIGHTS.extend(_DRAW_WEIGHT(64) | 1 for _ in range(full - len(_WEIGHTS)))
@@ -119,32 +134,35 @@ class FastAnswers:
         recent.update(keys)
         if self._half is not None and len(recent) >= self._half:
             self._before, self._recent = recent, set()
-        digest = hash((keys[-1] if keys else 0, *ids[full * size :])) & _BITS_64
-        return hits * size, digest
+        return hits * size
 
     def _rows(self, sampling: Sampling) -> tuple[list, list | None]:
-        """The answers and score rows of ``sampling``, made as rows are first asked for."""
+        """The answers and score rows of ``sampling`` (None each until first asked for)."""
         made = self._made
         if made is None or made[0] is not sampling:
-            tokens = sampling.score_tokens
-            scores = [_score_row(row, tokens) for row in range(_ROWS)] if tokens else None
-            self._made = made = (sampling, [None] * _ROWS, scores)
+            scores = [None] * _SCORES if sampling.score_tokens else None
+            self._made = made = (sampling, [None] * _ANSWERS, scores)
         return made[1], made[2]
 
-    def _make(self, row: int, sampling: Sampling) -> tuple[str, str, int]:
-        """Row ``row``'s answer, cut at the first stop string it holds (as vLLM's stop)."""
-        text, finish = self._answer(row, sampling)
+    def _make(self, row: int, sampling: Sampling) -> tuple[str, str, int, str | None]:
+        """Row ``row``'s answer, cut at the first stop string it holds (as vLLM's stop),
+        and that string."""
+        text, finish = self._answer(hash((row, -5)) & _SEED_BITS, sampling)
         found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
+        stop = None
         if found:
-            text, finish = text[: min(found)[0]], "stop"
+            at, stop = min(found)
+            text, finish = text[:at], "stop"
         tokens = max(1, min(sampling.max_tokens, len(text.split())))
-        self._made[1][row] = answer = (text, finish, tokens)
+        self._made[1][row] = answer = (text, finish, tokens, stop)
         return answer
 
-
-def _score_row(row: int, tokens: tuple[int, ...]) -> tuple[float, ...]:
-    """Made-up log probabilities of ``tokens``, between -10.5 and -0.5."""
-    return tuple(-0.5 - (hash((row, -1, t)) % 10_000) / 1_000 for t in tokens)
+    def _score(self, row: int, sampling: Sampling) -> tuple[float, ...]:
+        """Made-up log probabilities of the sampling's score tokens, -10.5 to -0.5."""
+        tokens = sampling.score_tokens
+        scores = tuple(-0.5 - (hash((row, -1, t)) % 10_000) / 1_000 for t in tokens)
+        self._made[2][row] = scores
+        return scores
 
 
 def _count(stats: EngineStats, prompt: int, cached: int, out: int) -> None:

@@ -36,6 +36,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.pipelines import tempserver
 from nightshift.pipelines.runclock import start_clock, stop_clock
 from nightshift.pipelines.slots import host_takes_slots
+from nightshift.reports.files import chart_wanted
 from nightshift.running import engines
 from nightshift.running.canary import canary_pending
 from nightshift.running.runner import (
@@ -93,8 +94,9 @@ def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
 def _import_the_chart(server: threading.Thread) -> None:
     """The report's chart module (matplotlib: about 0.5 s on 2 cores), imported while the
     server still boots, so the wrap-up draws at once; not while an engine is being built
-    in a thread of this process (one importer at a time, as above)."""
-    if server.is_alive() and not engines.head_starting(wait_s=0.1):
+    in a thread of this process (one importer at a time, as above), nor for a run that
+    draws no chart (``NIGHTSHIFT_REPORT_CHART``: 30 MB and 0.4 s of CPU for nothing)."""
+    if server.is_alive() and chart_wanted() and not engines.head_starting(wait_s=0.1):
         import_module("nightshift.reports.chart")
 
 

@@ -56,9 +56,10 @@ _early: TemporaryServer | None = None  # launched before Prefect was imported; `
 class TemporaryServer:
     """One temporary server process; ``ready`` waits until it answers."""
 
-    def __init__(self, settings: bool = True) -> None:
+    def __init__(self, settings: bool = True, quiet: bool = False) -> None:
+        self._how = settings, quiet  # for a launch again on another port
         self.port = _free_port()
-        self.process = _launch(self.port, settings)
+        self.process = _launch(self.port, *self._how)
         self.answered = False
         atexit.register(self.stop)
 
@@ -75,7 +76,7 @@ class TemporaryServer:
             while time.monotonic() < deadline:
                 if self.process.poll() == _PORT_TAKEN:  # lost its port to another process
                     self.port = _free_port()
-                    self.process = _launch(self.port)
+                    self.process = _launch(self.port, *self._how)
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         self.answered = True
@@ -108,15 +109,16 @@ def prefect_defaults(quiet: bool) -> None:
             os.environ.setdefault(key, value)
 
 
-def launch_early() -> None:
+def launch_early(quiet: bool = False) -> None:
     """Launch the server before this process imports Prefect (0.7 s on 2 cores, and the
     server's boot is what a resume's start waits on), where nothing in sight names a
     server of the user's (``_named_elsewhere``). ``boot`` then reads Prefect's settings,
-    and takes this server up or stops it."""
+    and takes this server up or stops it. ``quiet``: what the server prints goes nowhere
+    (a launch before the run's engine log is open: never onto the screen)."""
     global _early
     prefect_unread = "prefect" not in sys.modules
     if _early is None and _server is None and prefect_unread and not _named_elsewhere():
-        _early = TemporaryServer(settings=False)
+        _early = TemporaryServer(settings=False, quiet=quiet)
 
 
 def boot() -> threading.Thread | None:
@@ -215,11 +217,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(port: int, settings: bool = True) -> subprocess.Popen:
+def _launch(port: int, settings: bool = True, quiet: bool = False) -> subprocess.Popen:
     """The server process, as ``SubprocessASGIServer._run_uvicorn_command`` starts it.
     ``settings``: pass this process's Prefect settings on, as Prefect does (they come
     from this environment and files the server reads too, unless set in this process,
-    which an early launch comes before)."""
+    which an early launch comes before). ``quiet``: its output goes nowhere (else where
+    this process's goes: the screen, or the run's engine log)."""
+    output = subprocess.DEVNULL if quiet else None
     env = {
         **os.environ,
         "PREFECT_UI_ENABLED": "0",
@@ -238,6 +242,8 @@ def _launch(port: int, settings: bool = True) -> subprocess.Popen:
             command,
             env=env,
             start_new_session=True,
+            stdout=output,
+            stderr=output,
             preexec_fn=processes.die_with_this_process(),  # one prctl call: safe after fork
         )
     )

@@ -226,10 +226,13 @@ def start_head(spec: JobSpec) -> None:
 
 
 def head_starting(wait_s: float = 0.0) -> bool:
-    """Whether a head-started engine is still being built (its thread may import), after
-    waiting up to ``wait_s`` for it to be."""
+    """Whether a head-started engine's thread is still at work (it may import), after
+    waiting up to ``wait_s`` for it to end; an abandoned start's thread counts too."""
     head = _head
-    return head is not None and not head._done.wait(wait_s)
+    if head is None:
+        return False
+    head._thread.join(wait_s)
+    return head._thread.is_alive()
 
 
 def _take_head(spec: JobSpec) -> EngineStart | None:
