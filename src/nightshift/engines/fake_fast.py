@@ -1,6 +1,6 @@
 """The fake engine's fast path (``FakeEngine(fast=True)``, NIGHTSHIFT_FAKE_FAST=1): plain
-requests answered a window at a time, at 7-12 µs a record, half the default path's cost
-before (its block hashing alone took more), so a benchmark of nightshift's own cost
+requests answered a window at a time, at 7-12 µs a record (10-24 before:
+its block hashing alone took a third of that), so a benchmark of nightshift's own cost
 subtracts little beside what it measures.
 
 A plain request is one under the run's own sampling, with no adapter, whose sampling
