@@ -200,3 +200,16 @@ def test_fast_answers_are_as_varied_as_the_default_paths():
                                         Sampling(32, 0.0))]  # fmt: skip
     assert len(set(texts)) > 2900 and all(len(t.split()) == 32 for t in texts)
     assert min(len({t.split()[i] for t in texts}) for i in range(32)) > 500
+
+
+def test_a_record_with_its_own_plain_sampling_takes_the_fast_path_too():
+    """A batch's lines each carry their own sampling (one object for equal ones): answered
+    as the run's own sampling would be, vectors too."""
+    own, run = Sampling(6, 0.0), Sampling(2, 0.0)
+    engine = FakeEngine(fast=True)
+    mine = sorted(engine.run([EngineRequest(k, p, own) for k, p in enumerate(PROMPTS)], run),
+                  key=lambda r: r.key)  # fmt: skip
+    assert [r.text for r in mine] == [r.text for r in answers(FakeEngine(fast=True), own)]
+    pooled = Sampling(1, pooling=Pooling(True))
+    vectors = engine.run([EngineRequest(0, PROMPTS[0], pooled)], run)
+    assert next(iter(vectors)).embedding.tolist() == answers(engine, pooled)[0].embedding.tolist()

@@ -28,6 +28,7 @@ LAYERS = [
     {"batch"},
     {"demo"},
     {"cli"},
+    {"command"},  # the console script: Prefect's server launched first, then the CLI
 ]
 PURE_PLANNING = ["prompts", "budget", "order", "reuse"]  # scheduling's core: no I/O, no engine
 

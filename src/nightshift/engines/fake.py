@@ -223,21 +223,21 @@ class FakeEngine:
         return window, True
 
     def _answer_window(self, window: list[EngineRequest], sampling: Sampling) -> list:
-        """The window's results, in order: its plain requests (the run's sampling, no
-        adapter) on the fast path (``engines.fake_fast``) when it is on, the sampling is
-        one it takes and no failures are injected; the others each on the default path."""
-        fast = self._fast and is_plain(sampling) and not self._noise
-        fast = fast and not (self._fail_when or self._abort_every or self._flaky_every)
-        if not fast:
+        """The window's results, in order: its plain requests (no adapter, a sampling it
+        takes) on the fast path (``engines.fake_fast``) when it is on and no failures
+        are injected; the others each on the default path."""
+        fast = self._fast and not self._noise
+        if not fast or self._fail_when or self._abort_every or self._flaky_every:
             return [self._one(request, sampling) for request in window]
-        plain = [r for r in window if r.sampling is None and r.adapter is None]
+        takes = [r.adapter is None and is_plain(r.sampling or sampling) for r in window]
+        plain = [r for r, take in zip(window, takes, strict=True) if take]
         self.taken += len(plain)
         answered = iter(self._fast_path.answer(plain, sampling, self._stats, self._draw))
         if len(plain) == len(window):
             return list(answered)
         return [
-            next(answered) if r.sampling is None and r.adapter is None else self._one(r, sampling)
-            for r in window
+            next(answered) if take else self._one(r, sampling)
+            for r, take in zip(window, takes, strict=True)
         ]
 
     def _draw(self) -> int:

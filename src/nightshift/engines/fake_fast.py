@@ -3,9 +3,9 @@ requests answered a window at a time, at 7-12 µs a record (10-24 before:
 its block hashing alone took a third of that), so a benchmark of nightshift's own cost
 subtracts little beside what it measures.
 
-A plain request is one under the run's own sampling, with no adapter, whose sampling
-asks for one answer without logprobs or thinking; the engine answers every other request
-(and every request when it injects failures) on its default path. Per request here:
+A plain request is one with no adapter whose sampling (its own, else the run's) asks for
+one answer without logprobs or thinking; the engine answers every other request (and
+every request when it injects failures) on its default path. Per request here:
 
 - the prefix cache: the chained keys of its whole leading blocks (never the last token),
   made in C (``zip`` cuts the blocks, ``hash`` each, a running sum of them times fixed
@@ -21,9 +21,9 @@ asks for one answer without logprobs or thinking; the engine answers every other
   sampling, each made once when first needed, so answers stay fixed per prompt and
   process, whatever the block size (other answers than the default path's).
 
-Requests the fast path does not take (another sampling, an adapter) are answered by the
-engine's default path, with this cache, so neither their answers nor any cache count
-depend on which requests share their window.
+Requests the fast path does not take (an adapter, two answers, logprobs) are answered by
+the engine's default path, with this cache, so neither their answers nor any cache
+count depend on which requests share their window.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from nightshift.engines.fake_answers import _BITS_64, _fast_vector
 
 _ANSWERS = 1 << 16  # answers a sampling keeps: as varied as a run's output, made once each
 _SCORES = 4096  # label-score rows a sampling keeps (made-up numbers: plenty)
+_SAMPLINGS = 64  # samplings whose answers are kept (a record's own: one each, mostly)
 _SEED_BITS = (1 << 48) - 1  # what the engine's answers draw their words from
 _WEIGHTS: list[int] = []  # the blocks' weights, odd, the same in every engine and process
 _DRAW_WEIGHT = random.Random(16).getrandbits
@@ -64,7 +65,7 @@ class FastAnswers:
         self._caches = cache_blocks != 0
         self._half = max(1, cache_blocks // 2) if cache_blocks else None
         self._answer = answer
-        self._made: tuple[Sampling, list, list] | None = None  # the sampling's rows
+        self._made: dict[int, tuple[Sampling, dict, dict | None]] = {}  # by sampling
 
     def clear(self) -> None:
         self._recent.clear()
@@ -73,45 +74,39 @@ class FastAnswers:
     def answer(
         self, window: Sequence[EngineRequest], sampling: Sampling, stats: EngineStats, draw
     ) -> list[EngineResult]:
-        """Each plain request's result, in order; counts go to ``stats``. ``draw()``: a
-        fresh random number, for a sample without a seed (drawn afresh each time)."""
-        if sampling.pooling is not None:
-            return self._embed(window, sampling, stats)
-        answers, scores = self._rows(sampling)
-        sampled = sampling.temperature > 0
+        """Each request's result, in order, under its own sampling or else ``sampling``
+        (each one ``is_plain``); counts go to ``stats``. ``draw()``: a fresh random
+        number, for a sample without a seed (drawn afresh each time)."""
         results, prompt, cached_all, out = [], 0, 0, 0
         for request in window:
-            ids = request.token_ids
-            cached, digest = self.cached(ids), hash(tuple(ids)) & _BITS_64
-            prompt, cached_all = prompt + len(ids), cached_all + cached
-            row = digest % _ANSWERS
-            if sampled:  # as the default path: the prompt's digest plus the draw
-                row = (digest + (draw() if sampling.seed is None else sampling.seed)) % _ANSWERS
-            text, finish, tokens, stop = answers[row] or self._make(row, sampling)
-            out += tokens
-            result = EngineResult(request.key, text, finish, len(ids), tokens, cached)
-            if scores is not None:
-                result.scores = scores[digest % _SCORES] or self._score(digest % _SCORES, sampling)
-            if stop is not None:  # which stop string ended it: a choice says so
-                result.choices = (Choice(text, finish, tokens, stop),)
-            results.append(result)
-        _count(stats, prompt, cached_all, out)
-        return results
-
-    def _embed(self, window, sampling: Sampling, stats: EngineStats) -> list[EngineResult]:
-        """Each request's vector: fixed by its prompt's digest (``fake_answers``)."""
-        size = sampling.pooling.dimensions or self._embedding_size
-        normalize = sampling.pooling.normalize
-        results, prompt, cached_all = [], 0, 0
-        for request in window:
+            own = request.sampling or sampling
             ids = request.token_ids
             cached, digest = self.cached(ids), hash(tuple(ids)) & _BITS_64
             prompt, cached_all = prompt + len(ids), cached_all + cached
             result = EngineResult(request.key, "", "stop", len(ids), 0, cached)
-            result.embedding = _fast_vector(digest, size, normalize)  # read-only float32
+            if own.pooling is None:
+                self._generated(result, digest, own, draw)
+                out += result.output_tokens
+            else:  # a vector fixed by the prompt's digest (``fake_answers``), read-only
+                size = own.pooling.dimensions or self._embedding_size
+                result.embedding = _fast_vector(digest, size, own.pooling.normalize)
             results.append(result)
-        _count(stats, prompt, cached_all, 0)
+        _count(stats, prompt, cached_all, out)
         return results
+
+    def _generated(self, result: EngineResult, digest: int, sampling: Sampling, draw) -> None:
+        """``result``'s answer under ``sampling``: its row's, made once."""
+        answers, scores = self._rows(sampling)
+        row = digest % _ANSWERS
+        if sampling.temperature > 0:  # as the default path: the digest plus the draw
+            row = (digest + (draw() if sampling.seed is None else sampling.seed)) % _ANSWERS
+        made = answers.get(row) or self._make(row, sampling, answers)
+        result.text, result.finish_reason, result.output_tokens, stop = made
+        if scores is not None:
+            at = digest % _SCORES
+            result.scores = scores.get(at) or self._score(at, sampling, scores)
+        if stop is not None:  # which stop string ended it: a choice says so
+            result.choices = (Choice(*made),)
 
     def cached(self, ids: Sequence[int]) -> int:
         """Tokens of ``ids`` served from cache: whole leading blocks touched before."""
@@ -136,15 +131,18 @@ class FastAnswers:
             self._before, self._recent = recent, set()
         return hits * size
 
-    def _rows(self, sampling: Sampling) -> tuple[list, list | None]:
-        """The answers and score rows of ``sampling`` (None each until first asked for)."""
-        made = self._made
+    def _rows(self, sampling: Sampling) -> tuple[dict, dict | None]:
+        """The answers and score rows made so far under ``sampling``: a few samplings'
+        (a job's own, a batch's), all forgotten past ``_SAMPLINGS``."""
+        made = self._made.get(id(sampling))
         if made is None or made[0] is not sampling:
-            scores = [None] * _SCORES if sampling.score_tokens else None
-            self._made = made = (sampling, [None] * _ANSWERS, scores)
+            if len(self._made) >= _SAMPLINGS:
+                self._made.clear()
+            made = (sampling, {}, {} if sampling.score_tokens else None)
+            self._made[id(sampling)] = made  # the sampling held: its id stays its own
         return made[1], made[2]
 
-    def _make(self, row: int, sampling: Sampling) -> tuple[str, str, int, str | None]:
+    def _make(self, row: int, sampling: Sampling, answers: dict) -> tuple:
         """Row ``row``'s answer, cut at the first stop string it holds (as vLLM's stop),
         and that string."""
         text, finish = self._answer(hash((row, -5)) & _SEED_BITS, sampling)
@@ -154,15 +152,14 @@ class FastAnswers:
             at, stop = min(found)
             text, finish = text[:at], "stop"
         tokens = max(1, min(sampling.max_tokens, len(text.split())))
-        self._made[1][row] = answer = (text, finish, tokens, stop)
+        answers[row] = answer = (text, finish, tokens, stop)
         return answer
 
-    def _score(self, row: int, sampling: Sampling) -> tuple[float, ...]:
+    def _score(self, row: int, sampling: Sampling, scores: dict) -> tuple[float, ...]:
         """Made-up log probabilities of the sampling's score tokens, -10.5 to -0.5."""
         tokens = sampling.score_tokens
-        scores = tuple(-0.5 - (hash((row, -1, t)) % 10_000) / 1_000 for t in tokens)
-        self._made[2][row] = scores
-        return scores
+        scores[row] = made = tuple(-0.5 - (hash((row, -1, t)) % 10_000) / 1_000 for t in tokens)
+        return made
 
 
 def _count(stats: EngineStats, prompt: int, cached: int, out: int) -> None:
