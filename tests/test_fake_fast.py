@@ -142,8 +142,8 @@ def test_the_fast_path_samples_afresh_keeps_stop_strings_and_choices():
 
 
 def test_requests_the_fast_path_does_not_take_are_answered_on_the_default_one():
-    """Two answers, logprobs, an adapter or a record's own sampling: the default path's
-    work, with the fast digest; a window holding one of them goes that way whole."""
+    """Two answers, logprobs or an adapter: the default path's work, with the fast
+    digest and the fast path's cache; the window's other requests stay on the fast one."""
     engine = FakeEngine(fast=True)
     two = answers(engine, Sampling(3, 0.7, n=2))
     assert all(len(r.choices) == 2 and r.choices[0].text != r.choices[1].text for r in two)
@@ -213,3 +213,35 @@ def test_a_record_with_its_own_plain_sampling_takes_the_fast_path_too():
     pooled = Sampling(1, pooling=Pooling(True))
     vectors = engine.run([EngineRequest(0, PROMPTS[0], pooled)], run)
     assert next(iter(vectors)).embedding.tolist() == answers(engine, pooled)[0].embedding.tolist()
+
+
+def test_records_each_with_their_own_sampling_keep_the_fast_paths_memory_bounded():
+    """A sampling a record has alone adds its rows; past the bound the least recently
+    used samplings' rows go, never the run's own while it is in use."""
+    from nightshift.engines import fake_fast
+
+    engine = FakeEngine(fast=True)
+    run = Sampling(3, 0.0)
+    for k in range(3 * fake_fast._KEPT):
+        own = Sampling(3, 0.7, seed=k) if k % 2 else None  # a distinct object each
+        [result] = engine.run([EngineRequest(k, [5, k, k + 1], own)], run)
+        assert result.text
+    path = engine._fast_path
+    assert path._rows_kept <= fake_fast._KEPT
+    assert path._rows_kept == sum(len(a) + len(s or ()) for _, a, s in path._made.values())
+    assert id(run) in path._made  # the run's own, used every other record, kept
+    engine.close()
+    assert not path._made and path._rows_kept == 0
+
+
+def test_a_windows_cache_counts_follow_its_order_whichever_path_answers():
+    """Per record, as the default path counts them (each request after those before it)."""
+    a, b = [1] * 16, [2] * 16
+    two, one = Sampling(4, 0.7, n=2, seed=1), Sampling(4, 0.0)
+    window = [EngineRequest(0, a + b + [9], two), EngineRequest(1, a + b + [9], one),
+              EngineRequest(2, a + b + [8], two)]  # fmt: skip
+    counts = {}
+    for engine in (FakeEngine(), FakeEngine(fast=True)):
+        results = engine.run(window, Sampling(4, 0.0))
+        counts[engine._fast] = sorted((r.key, r.cached_tokens) for r in results)
+    assert counts[True] == counts[False] == [(0, 0), (1, 32), (2, 32)]

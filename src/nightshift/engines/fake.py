@@ -229,16 +229,22 @@ class FakeEngine:
         fast = self._fast and not self._noise
         if not fast or self._fail_when or self._abort_every or self._flaky_every:
             return [self._one(request, sampling) for request in window]
-        takes = [r.adapter is None and is_plain(r.sampling or sampling) for r in window]
-        plain = [r for r, take in zip(window, takes, strict=True) if take]
+        results: list[EngineResult] = []
+        plain: list[EngineRequest] = []  # in window order, so is the cache: runs of them
+        for request in window:
+            if request.adapter is None and is_plain(request.sampling or sampling):
+                plain.append(request)
+                continue
+            results += self._fast_answers(plain, sampling)
+            plain = []
+            results.append(self._one(request, sampling))
+        return results + self._fast_answers(plain, sampling)
+
+    def _fast_answers(self, plain: list[EngineRequest], sampling: Sampling) -> list:
+        if not plain:
+            return []
         self.taken += len(plain)
-        answered = iter(self._fast_path.answer(plain, sampling, self._stats, self._draw))
-        if len(plain) == len(window):
-            return list(answered)
-        return [
-            next(answered) if take else self._one(r, sampling)
-            for r, take in zip(window, takes, strict=True)
-        ]
+        return self._fast_path.answer(plain, sampling, self._stats, self._draw)
 
     def _draw(self) -> int:
         return self._rng.getrandbits(48)

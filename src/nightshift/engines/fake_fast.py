@@ -1,5 +1,5 @@
 """The fake engine's fast path (``FakeEngine(fast=True)``, NIGHTSHIFT_FAKE_FAST=1): plain
-requests answered a window at a time, at 7-12 µs a record (10-24 before:
+requests answered a window at a time, at 7-14 µs a record (10-24 before:
 its block hashing alone took a third of that), so a benchmark of nightshift's own cost
 subtracts little beside what it measures.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import accumulate, islice, takewhile
 from operator import add, mul
@@ -39,7 +40,7 @@ from nightshift.engines.fake_answers import _BITS_64, _fast_vector
 
 _ANSWERS = 1 << 16  # answers a sampling keeps: as varied as a run's output, made once each
 _SCORES = 4096  # label-score rows a sampling keeps (made-up numbers: plenty)
-_SAMPLINGS = 64  # samplings whose answers are kept (a record's own: one each, mostly)
+_KEPT = 2 * _ANSWERS  # rows kept in all samplings' tables (a bound on the fake's memory)
 _SEED_BITS = (1 << 48) - 1  # what the engine's answers draw their words from
 _WEIGHTS: list[int] = []  # the blocks' weights, odd, the same in every engine and process
 _DRAW_WEIGHT = random.Random(16).getrandbits
@@ -65,11 +66,14 @@ class FastAnswers:
         self._caches = cache_blocks != 0
         self._half = max(1, cache_blocks // 2) if cache_blocks else None
         self._answer = answer
-        self._made: dict[int, tuple[Sampling, dict, dict | None]] = {}  # by sampling
+        self._made: OrderedDict[int, tuple[Sampling, dict, dict | None]] = OrderedDict()
+        self._rows_kept = 0  # answers and score rows in ``_made``, all samplings
 
     def clear(self) -> None:
         self._recent.clear()
         self._before.clear()
+        self._made.clear()
+        self._rows_kept = 0
 
     def answer(
         self, window: Sequence[EngineRequest], sampling: Sampling, stats: EngineStats, draw
@@ -132,15 +136,25 @@ class FastAnswers:
         return hits * size
 
     def _rows(self, sampling: Sampling) -> tuple[dict, dict | None]:
-        """The answers and score rows made so far under ``sampling``: a few samplings'
-        (a job's own, a batch's), all forgotten past ``_SAMPLINGS``."""
-        made = self._made.get(id(sampling))
+        """The answers and score rows made so far under ``sampling``. Every sampling's
+        are kept, the least recently used given up first past ``_KEPT`` rows in all: a
+        run's own, a batch's few, a record's own one each (never a hot one given up)."""
+        key = id(sampling)
+        made = self._made.get(key)
         if made is None or made[0] is not sampling:
-            if len(self._made) >= _SAMPLINGS:
-                self._made.clear()
             made = (sampling, {}, {} if sampling.score_tokens else None)
-            self._made[id(sampling)] = made  # the sampling held: its id stays its own
+            self._made[key] = made  # the sampling held: its id stays its own
+        else:
+            self._made.move_to_end(key)
         return made[1], made[2]
+
+    def _kept(self) -> None:
+        """One row more is kept: past ``_KEPT``, the least recently used samplings' rows
+        are given up (never the one in use: it was used last)."""
+        self._rows_kept += 1
+        while self._rows_kept > _KEPT and len(self._made) > 1:
+            _, answers, scores = self._made.popitem(last=False)[1]
+            self._rows_kept -= len(answers) + len(scores or ())
 
     def _make(self, row: int, sampling: Sampling, answers: dict) -> tuple:
         """Row ``row``'s answer, cut at the first stop string it holds (as vLLM's stop),
@@ -153,12 +167,14 @@ class FastAnswers:
             text, finish = text[:at], "stop"
         tokens = max(1, min(sampling.max_tokens, len(text.split())))
         answers[row] = answer = (text, finish, tokens, stop)
+        self._kept()
         return answer
 
     def _score(self, row: int, sampling: Sampling, scores: dict) -> tuple[float, ...]:
         """Made-up log probabilities of the sampling's score tokens, -10.5 to -0.5."""
         tokens = sampling.score_tokens
         scores[row] = made = tuple(-0.5 - (hash((row, -1, t)) % 10_000) / 1_000 for t in tokens)
+        self._kept()
         return made
 
 
