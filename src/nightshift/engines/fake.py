@@ -4,19 +4,18 @@ It honours the engine contract closely enough for the runner not to tell the dif
 answers depend only on the prompt's token ids and sampling (each request's own when it
 has one: max_tokens, n, stop, logprobs, seed), except that a sample (temperature above 0,
 no seed) is drawn afresh each time, as vLLM's is; guided choices and JSON are respected,
-and the prefix cache is simulated at block granularity (unbounded, or least recently
-used blocks evicted beyond ``cache_blocks``), so cached-token counts behave like the
-real engine's.
+and the prefix cache is simulated at block granularity (``engines.fake_cache``:
+unbounded, or least recently used blocks evicted beyond ``cache_blocks``), so
+cached-token counts behave like the real engine's. Its answers are made in
+``engines.fake_answers``; its fast path, for benchmarks, is ``engines.fake_fast``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from nightshift.engines.base import (
@@ -36,10 +35,12 @@ from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tes
     _logprob,
     _scores,
     _text_digest,
-    example_json,
+    answer_text,
+    cut_at_stop,
     prompt_digest,
 )
-from nightshift.engines.fake_fast import FastAnswers, is_plain
+from nightshift.engines.fake_cache import FastBlocks, LruBlocks
+from nightshift.engines.fake_fast import FastAnswers, fast_digest, is_plain
 from nightshift.errors import EngineFatalError, EngineStalledError
 
 # What a GPU's KV cache holds, in blocks of 16 tokens: an H100 at FP8 KV with a model of
@@ -143,7 +144,9 @@ class FakeEngine:
             prefix_caching=True,
         )
         self._fail_when = fail_when
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        # the prefix cache (``engines.fake_cache``): one for every request, either path's
+        kind = FastBlocks if fast else LruBlocks
+        self._blocks: LruBlocks | FastBlocks = kind(block_size, cache_blocks)
         self._cache_blocks = cache_blocks
         # request keys in the order the engine took them (not kept in the fast mode: a
         # million keys are 40 MB a benchmark would count as nightshift's), and how many
@@ -165,7 +168,7 @@ class FakeEngine:
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
         self.embedding_size = embedding_size  # a pooling request's vector length
         self._fast = fast  # about 10 µs a record: benchmarks tell nightshift's cost from its
-        self._fast_path = FastAnswers(block_size, cache_blocks, embedding_size, self._answer)
+        self._fast_path = FastAnswers(self._blocks, embedding_size)
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -281,10 +284,10 @@ class FakeEngine:
         sampling = request.sampling or sampling
         if request.adapter is not None:  # another model: other answers, its own cache blocks
             salt = -(_digest([ord(c) for c in request.adapter]) % 100_000) - 10
-            cached = max(0, self._cache([salt, *ids]) - 1)
+            cached = max(0, self._blocks.cached([salt, *ids]) - 1)
             ids = [*ids, salt]
         else:
-            cached = self._cache(ids)
+            cached = self._blocks.cached(ids)
         if sampling.pooling is not None:
             return self._embedding(request.key, ids, cached, sampling.pooling)
         if self._noise and _digest([*ids, -2]) % 10_000 < self._noise * 10_000:
@@ -323,7 +326,7 @@ class FakeEngine:
         fast path (``fast``) hashes the ids as a tuple instead: other answers, as fixed,
         for about a microsecond where the join costs tens."""
         if self._fast:
-            return hash(tuple(ids)) & _BITS_64, ""
+            return fast_digest(ids), ""
         joined = ",".join(map(str, ids))
         return _text_digest(joined), joined
 
@@ -369,12 +372,7 @@ class FakeEngine:
             return think_then_answer(self._choice, ids, sampling, draw)
         digest = _digest(ids) if digest is None else digest
         seed = digest + (draw if sampling.temperature > 0 else 0)
-        text, finish = self._answer(seed, sampling)
-        found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
-        stop_sequence = None
-        if found:
-            at, stop_sequence = min(found)
-            text, finish = text[:at], "stop"
+        text, finish, stop_sequence = cut_at_stop(*answer_text(seed, sampling), sampling)
         words = text.split()
         tokens = max(1, min(sampling.max_tokens, len(words)))
         logprobs = None
@@ -382,38 +380,6 @@ class FakeEngine:
             pieces = [w if k == 0 else f" {w}" for k, w in enumerate(words)] or [""]
             logprobs = tuple(_logprob(p, seed + k, sampling.logprobs) for k, p in enumerate(pieces))
         return Choice(text, finish, tokens, stop_sequence, logprobs)
-
-    def _cache(self, ids: list[int]) -> int:
-        """Tokens served from cache: whole leading blocks seen before (never the last token).
-        A block's key chains its tokens onto the key of the blocks before it, as vLLM's
-        block hashes do: one cheap hash a block (these keys never leave the process). The
-        fast path's own cache when it is on: one cache for every request."""
-        if self._fast:
-            return self._fast_path.cached(ids)
-        size = self.info.block_size
-        cached, hit, key = 0, True, 0
-        for end in range(size, len(ids), size):
-            key = hash((key, *ids[end - size : end]))
-            if hit and key in self._blocks:
-                cached = end
-            else:
-                hit = False
-            self._blocks[key] = None
-            self._blocks.move_to_end(key)
-        while self._cache_blocks is not None and len(self._blocks) > self._cache_blocks:
-            self._blocks.popitem(last=False)
-        return cached
-
-    def _answer(self, seed: int, sampling: Sampling) -> tuple[str, str]:
-        constraint = sampling.constraint
-        if constraint and constraint.choice:
-            return constraint.choice[seed % len(constraint.choice)], "stop"
-        if constraint and constraint.json_schema is not None:
-            return json.dumps(example_json(constraint.json_schema, seed)), "stop"
-        if constraint and constraint.json_object:
-            return json.dumps({"answer": f"v{seed % 97}"}), "stop"
-        words = [f"w{(seed >> (i % 48)) % 1000}" for i in range(sampling.max_tokens)]
-        return " ".join(words), "length"
 
     def stats(self) -> EngineStats:
         return EngineStats(**vars(self._stats))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from nightshift.engines.base import TokenLogprob
+from nightshift.engines.base import Sampling, TokenLogprob
 
 _BITS_64 = 2**64 - 1
 
@@ -38,6 +39,30 @@ def _scores(joined: str, tokens: tuple[int, ...]) -> tuple[float, ...]:
     joins: fixed per prompt and token, between -10.5 and -0.5."""
     head = f"{joined}," if joined else ""
     return tuple(-0.5 - (_text_digest(f"{head}-1,{t}") % 10_000) / 1_000 for t in tokens)
+
+
+def answer_text(seed: int, sampling: Sampling) -> tuple[str, str]:
+    """The fake's answer for ``seed`` and its finish reason: a guided choice or JSON, else
+    ``max_tokens`` made-up words."""
+    constraint = sampling.constraint
+    if constraint and constraint.choice:
+        return constraint.choice[seed % len(constraint.choice)], "stop"
+    if constraint and constraint.json_schema is not None:
+        return json.dumps(example_json(constraint.json_schema, seed)), "stop"
+    if constraint and constraint.json_object:
+        return json.dumps({"answer": f"v{seed % 97}"}), "stop"
+    words = [f"w{(seed >> (i % 48)) % 1000}" for i in range(sampling.max_tokens)]
+    return " ".join(words), "length"
+
+
+def cut_at_stop(text: str, finish: str, sampling: Sampling) -> tuple[str, str, str | None]:
+    """``text`` cut at the first of the sampling's stop strings it holds (as vLLM's
+    ``stop``), its finish reason, and that string (None: none cut it)."""
+    found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
+    if not found:
+        return text, finish, None
+    at, stop = min(found)
+    return text[:at], "stop", stop
 
 
 def example_json(schema: dict[str, Any], seed: int) -> Any:

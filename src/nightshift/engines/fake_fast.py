@@ -7,15 +7,7 @@ A plain request is one with no adapter whose sampling (its own, else the run's) 
 one answer without logprobs or thinking; the engine answers every other request (and
 every request when it injects failures) on its default path. Per request here:
 
-- the prefix cache: the chained keys of its whole leading blocks (never the last token),
-  made in C (``zip`` cuts the blocks, ``hash`` each, a running sum of them times fixed
-  odd weights chains each key to every block before it), looked up in two sets: the
-  blocks touched lately, and those touched in the span before (once the first holds half
-  of ``cache_blocks``, it becomes the second; 0 caches nothing). Unbounded, its hits are
-  the default path's exactly. Bounded, it holds at most ``cache_blocks`` keys and two
-  prompts' blocks more, and forgets sooner than a least-recently-used cache: a block
-  survives between half and all of ``cache_blocks`` later touches, so a working set
-  over half the cache is partly lost (a job's hot shared prefixes are not);
+- the prefix cache (``engines.fake_cache.FastBlocks``: its keys made in C-level calls);
 - its digest (``hash`` of its ids, as the default path's fast digest), from which its
   answer, its label scores and its vector come: 65,536 answers and 4,096 score rows a
   sampling, each made once when first needed, so answers stay fixed per prompt and
@@ -28,23 +20,17 @@ count depend on which requests share their window.
 
 from __future__ import annotations
 
-import random
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import accumulate, islice, takewhile
-from operator import add, mul
 
 from nightshift.engines.base import Choice, EngineRequest, EngineResult, EngineStats, Sampling
-from nightshift.engines.fake_answers import _BITS_64, _fast_vector
+from nightshift.engines.fake_answers import _BITS_64, _fast_vector, answer_text, cut_at_stop
+from nightshift.engines.fake_cache import FastBlocks
 
 _ANSWERS = 1 << 16  # answers a sampling keeps: as varied as a run's output, made once each
 _SCORES = 4096  # label-score rows a sampling keeps (made-up numbers: plenty)
 _KEPT = 2 * _ANSWERS  # rows kept in all samplings' tables (a bound on the fake's memory)
 _SEED_BITS = (1 << 48) - 1  # what the engine's answers draw their words from
-_WEIGHTS: list[int] = []  # the blocks' weights, odd, the same in every engine and process
-_DRAW_WEIGHT = random.Random(16).getrandbits
-_GROWING = threading.Lock()  # engines in two threads draw the weights in one order
 
 
 def is_plain(sampling: Sampling) -> bool:
@@ -52,26 +38,21 @@ def is_plain(sampling: Sampling) -> bool:
     return sampling.n == 1 and sampling.logprobs is None and not sampling.reasoning
 
 
-class FastAnswers:
-    """The fast path's state: the prefix cache's two sets, and the run's answers so far.
-    ``answer(seed, sampling)`` is the engine's own (text, finish) for a seed."""
+def fast_digest(ids: Sequence[int]) -> int:
+    """A prompt's digest on the fast path: Python's hash of its ids (fixed across runs)."""
+    return hash(tuple(ids)) & _BITS_64
 
-    def __init__(
-        self, block_size: int, cache_blocks: int | None, embedding_size: int, answer
-    ) -> None:
-        self._size = block_size
+
+class FastAnswers:
+    """The fast path's answers so far, by sampling."""
+
+    def __init__(self, blocks: FastBlocks, embedding_size: int) -> None:
+        self._blocks = blocks  # the engine's prefix cache, every request's
         self._embedding_size = embedding_size
-        self._recent: set[int] = set()
-        self._before: set[int] = set()
-        self._caches = cache_blocks != 0
-        self._half = max(1, cache_blocks // 2) if cache_blocks else None
-        self._answer = answer
         self._made: OrderedDict[int, tuple[Sampling, dict, dict | None]] = OrderedDict()
         self._rows_kept = 0  # answers and score rows in ``_made``, all samplings
 
     def clear(self) -> None:
-        self._recent.clear()
-        self._before.clear()
         self._made.clear()
         self._rows_kept = 0
 
@@ -85,7 +66,7 @@ class FastAnswers:
         for request in window:
             own = request.sampling or sampling
             ids = request.token_ids
-            cached, digest = self.cached(ids), hash(tuple(ids)) & _BITS_64
+            cached, digest = self._blocks.cached(ids), fast_digest(ids)
             prompt, cached_all = prompt + len(ids), cached_all + cached
             result = EngineResult(request.key, "", "stop", len(ids), 0, cached)
             if own.pooling is None:
@@ -112,29 +93,6 @@ class FastAnswers:
         if stop is not None:  # which stop string ended it: a choice says so
             result.choices = (Choice(*made),)
 
-    def cached(self, ids: Sequence[int]) -> int:
-        """Tokens of ``ids`` served from cache: whole leading blocks touched before."""
-        size = self._size
-        full = max(0, (len(ids) - 1) // size)
-        if not (full and self._caches):
-            return 0
-        if len(_WEIGHTS) < full:
-            with _GROWING:
-                _WEIGHTS.extend(_DRAW_WEIGHT(64) | 1 for _ in range(full - len(_WEIGHTS)))
-        blocks = islice(zip(*[iter(ids)] * size, strict=False), full)
-        keys = list(accumulate(map(mul, map(hash, blocks), _WEIGHTS), add))
-        recent, before = self._recent, self._before
-        hits = len(list(takewhile(recent.__contains__, keys)))
-        if before:
-            for key in islice(keys, hits, None):
-                if key not in recent and key not in before:
-                    break
-                hits += 1
-        recent.update(keys)
-        if self._half is not None and len(recent) >= self._half:
-            self._before, self._recent = recent, set()
-        return hits * size
-
     def _rows(self, sampling: Sampling) -> tuple[dict, dict | None]:
         """The answers and score rows made so far under ``sampling``. Every sampling's
         are kept, the least recently used given up first past ``_KEPT`` rows in all: a
@@ -159,12 +117,9 @@ class FastAnswers:
     def _make(self, row: int, sampling: Sampling, answers: dict) -> tuple:
         """Row ``row``'s answer, cut at the first stop string it holds (as vLLM's stop),
         and that string."""
-        text, finish = self._answer(hash((row, -5)) & _SEED_BITS, sampling)
-        found = [(text.find(stop), stop) for stop in sampling.stop if stop in text]
-        stop = None
-        if found:
-            at, stop = min(found)
-            text, finish = text[:at], "stop"
+        text, finish, stop = cut_at_stop(
+            *answer_text(hash((row, -5)) & _SEED_BITS, sampling), sampling
+        )
         tokens = max(1, min(sampling.max_tokens, len(text.split())))
         answers[row] = answer = (text, finish, tokens, stop)
         self._kept()

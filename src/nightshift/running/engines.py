@@ -203,6 +203,11 @@ class EngineStart:
     def join(self) -> None:  # the building thread ends (an abandoned one: engine closed)
         self._thread.join()
 
+    def building(self, wait_s: float = 0.0) -> bool:
+        """Whether the building thread is still at work after up to ``wait_s``."""
+        self._thread.join(wait_s)
+        return self._thread.is_alive()
+
     def wait(self) -> Engine:
         self._done.wait()
         if self.abandoned:
@@ -229,10 +234,7 @@ def head_starting(wait_s: float = 0.0) -> bool:
     """Whether a head-started engine's thread is still at work (it may import), after
     waiting up to ``wait_s`` for it to end; an abandoned start's thread counts too."""
     head = _head
-    if head is None:
-        return False
-    head._thread.join(wait_s)
-    return head._thread.is_alive()
+    return head is not None and head.building(wait_s)
 
 
 def _take_head(spec: JobSpec) -> EngineStart | None:
