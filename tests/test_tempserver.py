@@ -64,6 +64,43 @@ def test_the_booted_server_answers_and_every_prefect_client_of_the_process_uses_
 
 
 @outside_the_harness
+def test_flows_send_no_heartbeats_to_the_temporary_server(no_server_url, monkeypatch):
+    """A heartbeat marks a dead process's flow run crashed on a server that outlives it;
+    this one dies with the run, and a flow's end would wait up to a second for the
+    heartbeat thread to wake."""
+    import threading
+
+    from prefect import flow
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
+
+    assert get_current_settings().flows.heartbeat_frequency == 180  # Prefect's default
+    thread = tempserver.boot()
+    thread.join()
+    tempserver.use()
+    assert get_current_settings().flows.heartbeat_frequency is None
+    assert get_current_settings().api.url == tempserver._server.api_url
+    started = []
+    start = threading.Thread.start
+
+    def noting(self):
+        started.extend(getattr(a, "__name__", "") for a in self._args)
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", noting)
+
+    @flow
+    def one() -> int:
+        return 1
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        assert one() == 1  # the control: Prefect's heartbeats, where they are asked for
+    assert "heartbeat_loop" in started
+    started.clear()
+    assert one() == 1
+    assert "heartbeat_loop" not in started
+
+
+@outside_the_harness
 def test_a_server_that_lost_its_port_starts_again_on_another(no_server_url, monkeypatch):
     launch, ports = tempserver._launch, []
 

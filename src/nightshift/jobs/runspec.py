@@ -15,10 +15,12 @@ from nightshift.jobs.section import Section as _Section
 
 class PlanSpec(_Section):
     shard_records: int = Field(
-        default=100_000,
+        default=25_000,
         gt=0,
         description="Most records in one shard. A shard is the unit that is committed, "
-        "retried and (later) spread over workers; records sharing a prefix stay together.",
+        "retried and spread over workers; records sharing a prefix stay together. Many "
+        "shards a worker keep the last ones short, and a shard's commit runs beside the "
+        "next one's records: only the last shard's is waited for.",
     )
     shard_tokens: int = Field(
         default=50_000_000,

@@ -156,6 +156,24 @@ def use() -> None:
 
     os.environ["PREFECT_API_URL"] = server.api_url  # also for `batch serve`'s next job
     refresh_global_settings_context()
+    _without_heartbeats()
+
+
+def _without_heartbeats() -> None:
+    """No flow-run heartbeats to this server. They let a lasting server mark a flow run
+    whose process died as crashed; this one dies with the process. And a flow's end
+    waits for its heartbeat thread to wake (it sleeps a second at a time): half a
+    second, on average, at the end of every run. Set in the global settings, as
+    ``refresh_global_settings_context`` sets them (an environment variable cannot
+    say "none")."""
+    import prefect.context as context
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    known = context.GLOBAL_SETTINGS_CONTEXT
+    settings = known.settings.copy_with_update(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+    context.GLOBAL_SETTINGS_CONTEXT = context.SettingsContext(
+        profile=known.profile, settings=settings
+    )
 
 
 def gone() -> bool | None:
