@@ -240,3 +240,36 @@ def test_jobs_run_without_a_server_boots_prefects_temporary_one_during_the_head_
     assert "120 ok, 0 rejected" in run.stdout
     assert "start-up" in run.stdout  # the head start's seconds are on the run's clock
     assert "temporary server" not in run.stdout + run.stderr
+
+
+def test_while_the_server_boots_the_head_start_imports_what_the_flow_will(monkeypatch):
+    """FastAPI's encoder (Prefect's flow start imports it to store the parameters) and the
+    chart module, each only while the server boots and no engine is being built."""
+    import inspect
+
+    from prefect.flows import Flow
+
+    from nightshift.pipelines import headstart
+
+    assert "from fastapi.encoders import" in inspect.getsource(Flow.serialize_parameters)
+    imported: list[str] = []
+    monkeypatch.setattr(headstart, "import_module", imported.append)
+    monkeypatch.setattr(headstart.engines, "head_starting", lambda wait_s: False)
+    booting = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+    booting.start()
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "1")
+    headstart._import_while_it_boots(booting)
+    assert imported == ["fastapi.encoders", "nightshift.reports.chart"]
+    imported.clear()
+    monkeypatch.setenv("NIGHTSHIFT_REPORT_CHART", "0")  # no chart drawn: not imported
+    headstart._import_while_it_boots(booting)
+    assert imported == ["fastapi.encoders"]
+    imported.clear()
+    monkeypatch.setattr(headstart.engines, "head_starting", lambda wait_s: True)
+    headstart._import_while_it_boots(booting)  # an engine thread imports: never two at once
+    booted = threading.Thread(target=lambda: None)
+    booted.start()
+    booted.join()
+    monkeypatch.setattr(headstart.engines, "head_starting", lambda wait_s: False)
+    headstart._import_while_it_boots(booted)  # the server answers: the flow goes on at once
+    assert imported == []

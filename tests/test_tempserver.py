@@ -22,6 +22,7 @@ def no_server_url(monkeypatch):
     is put back afterwards), no temporary server started yet, and no settings context
     (the session's Prefect test harness holds one: each test runs in an empty one)."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv(tempserver._TEMPORARY_URL, "")  # put back as it was afterwards
     monkeypatch.setattr(tempserver, "_server", None)
     monkeypatch.setattr(tempserver, "_early", None)
     refresh_global_settings_context()
@@ -98,6 +99,16 @@ def test_flows_send_no_heartbeats_to_the_temporary_server(no_server_url, monkeyp
     started.clear()
     assert one() == 1
     assert "heartbeat_loop" not in started
+    # a `--workers` process inherits the run's environment: none there either
+    refresh_global_settings_context()
+    assert get_current_settings().flows.heartbeat_frequency == 180
+    tempserver.for_a_worker()
+    assert get_current_settings().flows.heartbeat_frequency is None
+    # ... but a worker reporting to a server of the user's keeps Prefect's heartbeats
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    refresh_global_settings_context()
+    tempserver.for_a_worker()
+    assert get_current_settings().flows.heartbeat_frequency == 180
 
 
 @outside_the_harness

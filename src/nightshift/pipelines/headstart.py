@@ -64,7 +64,7 @@ def head_start(spec: JobSpec, *, overwrite: bool, new_run: bool, workers: int) -
         if early and not host_takes_slots():
             engines.start_head(spec)
         if server is not None:
-            _import_the_chart(server)
+            _import_while_it_boots(server)
             server.join()  # the flow's client must not find a half-started server
             tempserver.use()
         yield
@@ -91,13 +91,19 @@ def _import_tokenizers(spec: JobSpec, afresh: bool) -> None:
         import_module("transformers").AutoTokenizer  # noqa: B018  (a lazy module's import)
 
 
-def _import_the_chart(server: threading.Thread) -> None:
-    """The report's chart module (matplotlib: about 0.5 s on 2 cores), imported while the
-    server still boots, so the wrap-up draws at once; not while an engine is being built
-    in a thread of this process (one importer at a time, as above), nor for a run that
-    draws no chart (``NIGHTSHIFT_REPORT_CHART``: 30 MB and 0.4 s of CPU for nothing)."""
-    if server.is_alive() and chart_wanted() and not engines.head_starting(wait_s=0.1):
-        import_module("nightshift.reports.chart")
+def _import_while_it_boots(server: threading.Thread) -> None:
+    """What the run imports later, imported while the server still boots; not while an
+    engine is being built in a thread of this process (one importer at a time, as
+    above): FastAPI's encoder, which Prefect imports to store the flow run's parameters
+    as it starts the flow (0.25 s on 2 cores), then the report's chart module
+    (matplotlib: about 0.5 s), so the wrap-up draws at once, unless the run draws no
+    chart (``NIGHTSHIFT_REPORT_CHART``: 30 MB and 0.4 s of CPU for nothing)."""
+    wanted = ["fastapi.encoders"] + (["nightshift.reports.chart"] if chart_wanted() else [])
+    for module in wanted:
+        if not server.is_alive() or engines.head_starting(wait_s=0.1):
+            return
+        with contextlib.suppress(ImportError):  # Prefect's own import says what is wrong
+            import_module(module)
 
 
 def _prepared(spec: JobSpec) -> bool:

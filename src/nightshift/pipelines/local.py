@@ -93,6 +93,7 @@ def run_worker(spec_path: str, overrides: list[str] | None, worker: str) -> dict
     with engine_output_to(log), stops.overrun_exits():
         from nightshift.pipelines.workers import worker_flow  # imports Prefect
 
+        tempserver.for_a_worker()
         _show_nightshift_warnings()
         done = _unless_stopped(
             worker_flow, spec_path=str(spec_path), worker=worker, overrides=list(overrides or [])

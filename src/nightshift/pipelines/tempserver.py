@@ -47,6 +47,7 @@ _QUIET_PREFECT = {
 }
 
 
+_TEMPORARY_URL = "NIGHTSHIFT_TEMPORARY_PREFECT_API_URL"  # the server a run of ours started
 _PORT_TAKEN = 3  # uvicorn's exit status when it cannot bind its port
 _STOP_GRACE_S = 1.0
 _server: TemporaryServer | None = None
@@ -155,8 +156,17 @@ def use() -> None:
     from prefect.context import refresh_global_settings_context
 
     os.environ["PREFECT_API_URL"] = server.api_url  # also for `batch serve`'s next job
+    os.environ[_TEMPORARY_URL] = server.api_url  # for `--workers`' processes
     refresh_global_settings_context()
     _without_heartbeats()
+
+
+def for_a_worker() -> None:
+    """In a worker process of a run (``--workers``) that reports to that run's
+    temporary server: no heartbeats either (see ``_without_heartbeats``)."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url and url == os.environ.get(_TEMPORARY_URL):
+        _without_heartbeats()
 
 
 def _without_heartbeats() -> None:
