@@ -7,6 +7,7 @@ import json
 import math
 
 import polars as pl
+import pyarrow as pa
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -282,6 +283,54 @@ def test_the_sample_runs_as_the_run_sends_each_record(models, tmp_path, write_sp
     assert {r.adapter for r in requests} == {"a", "b", None}
     assert {r.sampling.temperature for r in requests} == {0.5, 1.5}
     assert all(r.sampling.score_tokens and r.sampling.max_tokens == 1 for r in requests)
+
+
+def test_an_adapter_whose_few_records_fill_one_shard_of_many_is_sampled(
+    models, tmp_path, write_spec, monkeypatch
+):
+    """The plan walks adapter a's 40 records, then b's 5, then the base model's 45: with
+    shards of 5, b's lie in a shard or two of 18, which one spacing over all shards (one
+    shard an adapter here) passes over; each adapter's own shards are chosen instead."""
+    from nightshift.demo.adapters import build_lora_adapter
+    from nightshift.io.outputs import JobOutput
+    from nightshift.jobs.loading import load_spec
+    from nightshift.running import calibration
+    from nightshift.scheduling.plan import load_encoder
+
+    base = models["chat"]
+    adapters = {n: str(build_lora_adapter(base, tmp_path / f"lora-{n}", seed=i))
+                for i, n in enumerate(["a", "b"])}  # fmt: skip
+    lora = ["a"] * 40 + ["b"] * 5 + [None] * 45
+    rows = [{"ticket_id": i, "subject": f"s{i % 3}", "body": f"ticket {i} on {i % 7}",
+             "lora": name} for i, name in enumerate(lora)]  # fmt: skip
+    input_path = write_records(tmp_path / "in" / "t.parquet", rows)
+    data = spec_dict(base, input_path, tmp_path / "out", task={"kind": "classify",
+                     "labels": SCORED}, plan={"shard_records": 5})  # fmt: skip
+    data["model"] = {**data["model"], "adapters": adapters}
+    data["input"] = {**data["input"], "adapter_column": "lora"}
+    spec_file = write_spec(data)
+    plan = runner.invoke(app, ["jobs", "plan", str(spec_file), "--write", *FAKE])
+    assert plan.exit_code == 0, plan.output
+    spec, plans = load_spec(spec_file), JobOutput(str(tmp_path / "out")).plans
+    manifest = plans.manifest()
+    shards = manifest["shards"]["each"]
+    monkeypatch.setattr(calibration, "SAMPLE_SHARDS", 1)
+    spaced = calibration._evenly(shards, 3)  # one spacing, one shard an adapter
+    spaced_names = set()
+    for shard in spaced:
+        table = pa.Table.from_batches(list(plans.shard_batches(shard["index"], 100)))
+        spaced_names |= set(table.column("lora").to_pylist())
+    assert len(shards) >= 18 and "b" not in spaced_names  # the case this guards against
+    sampling = sampling_for(spec, handler_for(spec.task, lambda t: [ord(t[0])]))
+    requests = calibration.sample_requests(
+        spec, plans, manifest, load_encoder(spec), iter(range(10**6)), sampling
+    )
+    assert {r.adapter for r in requests} == {"a", "b", None}
+    monkeypatch.setattr(calibration, "SAMPLE_SHARDS", 8)  # every shard of b's, and so
+    requests = calibration.sample_requests(  # all 5 of its records (fewer than the count)
+        spec, plans, manifest, load_encoder(spec), iter(range(10**6)), sampling
+    )
+    assert sum(r.adapter == "b" for r in requests) == 5
 
 
 def test_the_sample_is_read_a_few_rows_at_a_time_and_spread_through_each_shard(

@@ -64,9 +64,10 @@ def sample_requests(
     if not shards:
         return []
     column = spec.input.adapter_column
-    wanted = SAMPLE_SHARDS if column is None else SAMPLE_SHARDS * (len(spec.model.adapters) + 1)
-    step = max(1, len(shards) / min(wanted, MAX_SAMPLE_SHARDS))
-    chosen = [shards[int(i * step)] for i in range(min(len(shards), wanted, MAX_SAMPLE_SHARDS))]
+    if column is None:
+        chosen = _evenly(shards, SAMPLE_SHARDS)
+    else:
+        chosen = _per_adapter(plans, shards, column)
     each = math.ceil(count / len(chosen))
     picked: list[pl.DataFrame] = []
     for shard in chosen:
@@ -82,6 +83,27 @@ def sample_requests(
         return _requests(spec, encoder, records.head(count), keys, sampling)
     groups = [_spread(g, count) for g in _by_adapter(records, column)]  # each its own count
     return _requests(spec, encoder, pl.concat(groups, how="vertical_relaxed"), keys, sampling)
+
+
+def _evenly(shards: list[dict], count: int) -> list[dict]:
+    """``count`` of ``shards`` (all, if fewer), evenly spaced over them."""
+    step = max(1, len(shards) / count)
+    return [shards[int(i * step)] for i in range(min(len(shards), count))]
+
+
+def _per_adapter(plans: PlanStore, shards: list[dict], column: str) -> list[dict]:
+    """Up to ``SAMPLE_SHARDS`` shards of each adapter's, evenly spaced over the shards
+    holding its records (``MAX_SAMPLE_SHARDS`` in all, at least one each), in plan order.
+    The plan walks one adapter's records, then the next's, so one spacing over all
+    shards would miss an adapter whose few records fill a shard or two of many."""
+    holding: dict[str | None, list[dict]] = {}
+    for shard in shards:  # the adapter column alone: a few bytes a record
+        batches = plans.shard_batches(shard["index"], rows=SAMPLE_READ_ROWS, columns=[column])
+        for name in pa.Table.from_batches(list(batches)).column(0).unique().to_pylist():
+            holding.setdefault(name, []).append(shard)
+    each = max(1, min(SAMPLE_SHARDS, MAX_SAMPLE_SHARDS // max(1, len(holding))))
+    chosen = {s["index"]: s for held in holding.values() for s in _evenly(held, each)}
+    return [chosen[index] for index in sorted(chosen)]
 
 
 def _requests(
