@@ -71,7 +71,7 @@ def test_flows_send_no_heartbeats_to_the_temporary_server(no_server_url, monkeyp
     heartbeat thread to wake."""
     import threading
 
-    from prefect import flow
+    from prefect import flow, get_client
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings
 
     assert get_current_settings().flows.heartbeat_frequency == 180  # Prefect's default
@@ -99,7 +99,10 @@ def test_flows_send_no_heartbeats_to_the_temporary_server(no_server_url, monkeyp
     started.clear()
     assert one() == 1
     assert "heartbeat_loop" not in started
-    # a `--workers` process inherits the run's environment: none there either
+    # a `--workers` process is given the URL as the flow's client has it (launch.py):
+    # no heartbeats there either
+    with get_client(sync_client=True) as client:
+        monkeypatch.setenv("PREFECT_API_URL", str(client.api_url))
     refresh_global_settings_context()
     assert get_current_settings().flows.heartbeat_frequency == 180
     tempserver.for_a_worker()

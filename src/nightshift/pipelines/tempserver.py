@@ -164,8 +164,8 @@ def use() -> None:
 def for_a_worker() -> None:
     """In a worker process of a run (``--workers``) that reports to that run's
     temporary server: no heartbeats either (see ``_without_heartbeats``)."""
-    url = os.environ.get("PREFECT_API_URL")
-    if url and url == os.environ.get(_TEMPORARY_URL):
+    url = os.environ.get("PREFECT_API_URL", "").rstrip("/")  # httpx's base_url ends in /
+    if url and url == os.environ.get(_TEMPORARY_URL, "").rstrip("/"):
         _without_heartbeats()
 
 
