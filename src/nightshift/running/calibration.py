@@ -87,8 +87,7 @@ def sample_requests(
 
 def _evenly(shards: list[dict], count: int) -> list[dict]:
     """``count`` of ``shards`` (all, if fewer), evenly spaced over them."""
-    step = max(1, len(shards) / count)
-    return [shards[int(i * step)] for i in range(min(len(shards), count))]
+    return [shards[i] for i in _spread_rows(len(shards), count)]
 
 
 def _per_adapter(plans: PlanStore, shards: list[dict], column: str) -> list[dict]:
