@@ -28,7 +28,7 @@ demo: $(DEMO_FILES)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -q -n 3 --dist loadgroup
+	$(PY) -m pytest -q -n 4 --dist loadgroup
 
 setup: $(STAMP)
 

@@ -15,7 +15,7 @@ IN_PROCESS = "engine_in_process"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks it adds
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs three xdist workers (``-n 3 --dist loadgroup``); the real-engine
+    """``make test`` runs four xdist workers (``-n 4 --dist loadgroup``); the real-engine
     tests go to groups that run one test at a time each. vLLM's CPU workers bind their
     threads to the cores they are given (``auto``: the same core for every engine), so
     two engine processes at once would crawl, and some of these tests kill or freeze
