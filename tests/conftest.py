@@ -16,7 +16,7 @@ from nightshift.demo.model import build_model
 from nightshift.demo.tickets import corpus, tickets
 
 from .batchserver import serve  # noqa: F401  (a fixture: the batch server tests')
-from .groups import lane_core, pytest_collection_modifyitems  # noqa: F401  (the real-engine groups)
+from .groups import engine_lane_cores, pytest_collection_modifyitems  # noqa: F401  (the real-engine groups)
 from .questions import questions_input  # noqa: F401  (a fixture: the planner tests')
 
 # Keep vLLM's CPU KV cache small so tests fit beside other processes.
@@ -42,15 +42,6 @@ def prefect_server(tmp_path_factory) -> str:
         os.environ["PREFECT_API_URL"] = url
         yield url
         del os.environ["PREFECT_API_URL"]
-
-
-@pytest.fixture(autouse=True)
-def engine_lane_core(request, monkeypatch) -> None:
-    """A real-engine test's engines are bound to its lane's core (``groups``), so the
-    two lanes' engines never share one; a binding the user set stays."""
-    core = lane_core(request.node)
-    if core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", core)
 
 
 @pytest.fixture(scope="session", autouse=True)

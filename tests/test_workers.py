@@ -119,6 +119,7 @@ def test_two_local_workers_share_the_shards_on_the_fake_engine(models, tmp_path,
 
 
 @pytest.mark.engine
+@pytest.mark.engine_all_cores  # --workers binds each worker's engine to its own cores
 def test_two_workers_on_s3_survive_a_worker_killed_mid_shard(models, tmp_path, s3_env):
     """Real vLLM, S3 output, 2 workers, 24 shards: kill worker-1 (and its engine) while
     it holds a shard; its lease expires, worker-0 takes the shard over, and every record
