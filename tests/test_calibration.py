@@ -321,11 +321,29 @@ def test_an_adapter_whose_few_records_fill_one_shard_of_many_is_sampled(
         table = pa.Table.from_batches(list(plans.shard_batches(shard["index"], 100)))
         spaced_names |= set(table.column("lora").to_pylist())
     assert len(shards) >= 18 and "b" not in spaced_names  # the case this guards against
+    for shard in shards:  # plan.json lists each shard's adapters, as its file holds them
+        table = pa.Table.from_batches(list(plans.shard_batches(shard["index"], 100)))
+        assert shard["adapters"] == table.column("lora").unique().to_pylist()
     sampling = sampling_for(spec, handler_for(spec.task, lambda t: [ord(t[0])]))
+    read, shard_batches = [], type(plans).shard_batches
+
+    def counted(self, shard, rows, columns=None):  # which shards calibration reads
+        read.append(shard)
+        yield from shard_batches(self, shard, rows, columns)
+
+    monkeypatch.setattr(type(plans), "shard_batches", counted)
     requests = calibration.sample_requests(
         spec, plans, manifest, load_encoder(spec), iter(range(10**6)), sampling
     )
     assert {r.adapter for r in requests} == {"a", "b", None}
+    assert len(read) <= 3  # the shards sampled, not every shard for its adapters
+    for shard in manifest["shards"]["each"]:  # a plan from before shards listed them
+        del shard["adapters"]
+    older = calibration.sample_requests(
+        spec, plans, manifest, load_encoder(spec), iter(range(10**6)), sampling
+    )
+    assert [(r.adapter, r.token_ids) for r in older] == [(r.adapter, r.token_ids) for r in requests]
+    assert len(read) > len(shards)  # each shard read for its adapters
     monkeypatch.setattr(calibration, "SAMPLE_SHARDS", 8)  # every shard of b's, and so
     requests = calibration.sample_requests(  # all 5 of its records (fewer than the count)
         spec, plans, manifest, load_encoder(spec), iter(range(10**6)), sampling

@@ -96,9 +96,12 @@ def _per_adapter(plans: PlanStore, shards: list[dict], column: str) -> list[dict
     The plan walks one adapter's records, then the next's, so one spacing over all
     shards would miss an adapter whose few records fill a shard or two of many."""
     holding: dict[str | None, list[dict]] = {}
-    for shard in shards:  # the adapter column alone: a few bytes a record
-        batches = plans.shard_batches(shard["index"], rows=SAMPLE_READ_ROWS, columns=[column])
-        for name in pa.Table.from_batches(list(batches)).column(0).unique().to_pylist():
+    for shard in shards:
+        names = shard.get("adapters")  # plan.json lists them (``scheduling.plan``)
+        if names is None:  # a plan from before it did: the shard's adapter column alone
+            batches = plans.shard_batches(shard["index"], rows=SAMPLE_READ_ROWS, columns=[column])
+            names = pa.Table.from_batches(list(batches)).column(0).unique().to_pylist()
+        for name in names:
             holding.setdefault(name, []).append(shard)
     each = max(1, min(SAMPLE_SHARDS, MAX_SAMPLE_SHARDS // max(1, len(holding))))
     chosen = {s["index"]: s for held in holding.values() for s in _evenly(held, each)}

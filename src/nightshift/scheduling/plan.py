@@ -37,6 +37,7 @@ from nightshift.jobs.spec import JobSpec
 from nightshift.jobs.tasks import answer_budget, labels_by
 from nightshift.memory import give_back_freed
 from nightshift.scheduling import tokenizermemo
+from nightshift.scheduling.adapters import ADAPTER
 from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import (
     ANSWERED_FROM,
@@ -68,6 +69,7 @@ class Plan:
     rejects: pl.DataFrame  # _file, _row, record_id, reject_kind, reason
     prefix_reuse: dict[str, Any]
     exact_records: int  # records whose tokens were counted, not estimated
+    shard_adapters: dict[int, list[str | None]] | None = None  # with input.adapter_column
 
     @property
     def input_schema(self) -> pa.Schema:
@@ -78,13 +80,17 @@ class Plan:
         """The shard numbers this plan cuts (an increment's start after earlier plans')."""
         return self.records["shard"].unique().sort().to_list()
 
-    def shard_summaries(self) -> list[dict[str, int]]:
+    def shard_summaries(self) -> list[dict[str, Any]]:
         summary = self.records.group_by("shard").agg(
             pl.len().alias("records"),
             pl.col("tokens").sum().alias("prompt_tokens"),
             pl.col("predicted_cached").sum().alias("predicted_cached"),
         )
-        return summary.sort("shard").rename({"shard": "index"}).to_dicts()
+        shards = summary.sort("shard").rename({"shard": "index"}).to_dicts()
+        if self.shard_adapters is not None:  # a job with input.adapter_column
+            for shard in shards:
+                shard["adapters"] = self.shard_adapters.get(shard["index"], [])
+        return shards
 
 
 def job_columns(spec: JobSpec) -> dict[str, str]:
@@ -225,6 +231,7 @@ def _build_plan(
     ordered = ordered.with_columns(predicted_cached(ordered, block, window, by="shard"))
     # Over the prompts sent, as vLLM measures it: copies send nothing.
     predicted = reuse_share(ordered["predicted_cached"], ordered["tokens"])
+    adapters = _adapters_by_shard(ordered)  # copies run under their original's adapter
     ordered = ordered.select([*RECORD_KEYS, "predicted_cached"])  # the order's keys are done
     ordered = place_copies(ordered, copies)  # dedup: copies right after their original
     reuse = {
@@ -242,7 +249,18 @@ def _build_plan(
         rejects=rejects,
         prefix_reuse=reuse,
         exact_records=measurer.exact_records,
+        shard_adapters=adapters,
     )
+
+
+def _adapters_by_shard(ordered: pl.DataFrame) -> dict[int, list[str | None]] | None:
+    """Each shard's adapters (``input.adapter_column``; None: the base model), in run
+    order, for plan.json: calibration samples each adapter's own shards without reading
+    every shard for them. None for a job without adapters."""
+    if ADAPTER not in ordered.columns:
+        return None
+    each = ordered.group_by("shard").agg(pl.col(ADAPTER).unique(maintain_order=True))
+    return {int(shard): names for shard, names in each.iter_rows()}
 
 
 def _set_rejects_apart(keys: pl.DataFrame) -> tuple[int, pl.DataFrame, pl.DataFrame]:
