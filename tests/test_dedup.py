@@ -298,3 +298,13 @@ def test_a_records_key_is_blake2b_over_its_parts_each_after_its_length():
     keys = [_digest(row) for row in rows]
     assert keys == [one(row) for row in rows]
     assert len(set(keys)) == 4  # no two splits of one text alike
+
+
+def test_the_base_model_and_an_adapter_called_none_are_two_requests():
+    """A record's adapter joins its repeat key: the base model's (null) piece is one no
+    adapter's name makes, so an adapter named "None" never takes the base's answer."""
+    from nightshift.scheduling.dedup import adapter_piece
+
+    assert adapter_piece(None) != adapter_piece("None")
+    assert adapter_piece("a") == "adapter:a"  # named adapters' keys as before
+    assert adapter_piece("base model") != adapter_piece(None)

@@ -63,9 +63,15 @@ def prompt_digests(
     if own is not None:  # the same prompt under other settings is another request
         pieces.append(own.filter(~bad).to_list())
     if adapter_column is not None:  # ... and under another adapter (null: the base)
-        pieces.append([f"adapter:{a}" for a in records.filter(~bad)[adapter_column].to_list()])
+        pieces.append([adapter_piece(a) for a in records.filter(~bad)[adapter_column].to_list()])
     digests = iter([_digest(parts) for parts in zip(*pieces, strict=True)])
     return pl.Series(DIGEST, [None if b else next(digests) for b in bad.to_list()], dtype=pl.Binary)
+
+
+def adapter_piece(adapter: str | None) -> str:
+    """What a record's adapter adds to its key: ``adapter:NAME``, or for the base model
+    (null) a piece no adapter's name makes (an adapter may be called "None")."""
+    return "base model" if adapter is None else f"adapter:{adapter}"
 
 
 def _own_sampling(records: pl.DataFrame, sampling: SamplingColumn | None) -> pl.Series | None:

@@ -87,9 +87,9 @@ class Plan:
             pl.col("predicted_cached").sum().alias("predicted_cached"),
         )
         shards = summary.sort("shard").rename({"shard": "index"}).to_dicts()
-        if self.shard_adapters is not None:  # a job with input.adapter_column
-            for shard in shards:
-                shard["adapters"] = self.shard_adapters.get(shard["index"], [])
+        for shard in shards:  # a job with input.adapter_column: its shards' adapters
+            if self.shard_adapters is not None and shard["index"] in self.shard_adapters:
+                shard["adapters"] = self.shard_adapters[shard["index"]]
         return shards
 
 
