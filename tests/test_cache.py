@@ -108,3 +108,17 @@ def test_jobs_plan_estimates_output_lengths_from_the_cache(models, tmp_path):
     )
     projection = plan_summary(spec)["projection"]
     assert "a sample of 30 answers in cache.path" in projection["note"]
+
+
+def test_the_base_model_and_an_adapter_called_none_have_two_cache_scopes(tmp_path):
+    """A record's own sampling and adapter pick its cache scope: the base model (None)
+    and an adapter named "None" are two, never each other's answers."""
+    from nightshift.engines.base import Sampling
+    from nightshift.running.cached import RunCache
+
+    cache = RunCache.at(str(tmp_path / "cache"), {"fingerprint_inputs": {}}, Sampling(4, 0.0))
+    own = Sampling(8, 0.0)  # a record's own sampling, deterministic: cached
+    base, named = cache._for(own, None), cache._for(own, "None")
+    assert base is not None and named is not None
+    assert base is not named and base.scope != named.scope
+    assert cache._for(own, "None") is named  # one scope each, kept

@@ -51,7 +51,8 @@ class RunCache:
         self._job_cacheable = cacheable(sampling)  # requests without their own sampling
         self._sampling = sampling
         self._inputs = (manifest or {}).get("fingerprint_inputs", {})
-        self._scoped: dict[str, ResponseCache] = {}  # per-record samplings' caches
+        # per-record samplings' and adapters' caches, by (sampling key, adapter)
+        self._scoped: dict[tuple[str, str | None], ResponseCache] = {}
 
     @classmethod
     def open(cls, spec: JobSpec, manifest: dict[str, Any], sampling: Sampling) -> RunCache | None:
@@ -72,7 +73,8 @@ class RunCache:
             return self.cache if self._job_cacheable else None
         if not (cacheable(sampling) if sampling is not None else self._job_cacheable):
             return None
-        key = f"{sampling_key(sampling) if sampling is not None else ''}\0{adapter}"
+        # a tuple: the base model (None) and an adapter called "None" are two scopes
+        key = (sampling_key(sampling) if sampling is not None else "", adapter)
         cache = self._scoped.get(key)
         if cache is None:
             scope = cache_scope(self._inputs, sampling or self._sampling, adapter)
