@@ -280,9 +280,9 @@ def test_copies_are_picked_out_of_a_shard_by_id_whatever_its_type(ids, wanted):
 
 
 def test_a_records_key_is_blake2b_over_its_parts_each_after_its_length():
-    """The key a plan stores for each record (and an increment's records are matched by,
-    so it never changes between versions): BLAKE2b-96 over each part's UTF-8 bytes after
-    its length as 8 little-endian bytes; two splits of one text are two keys."""
+    """The key a plan finds each record's exact repeats by: BLAKE2b-96 over each part's
+    UTF-8 bytes after its length as 8 little-endian bytes; two splits of one text are
+    two keys."""
     import hashlib
 
     from nightshift.scheduling.dedup import _digest
