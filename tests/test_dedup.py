@@ -300,11 +300,25 @@ def test_a_records_key_is_blake2b_over_its_parts_each_after_its_length():
     assert len(set(keys)) == 4  # no two splits of one text alike
 
 
-def test_the_base_model_and_an_adapter_called_none_are_two_requests():
+def test_the_base_model_and_an_adapter_called_none_are_two_requests(models, tmp_path):
     """A record's adapter joins its repeat key: the base model's (null) piece is one no
-    adapter's name makes, so an adapter named "None" never takes the base's answer."""
-    from nightshift.scheduling.dedup import adapter_piece
+    adapter's name makes, so a record under an adapter named "None" is never made a copy
+    of a base-model record with the same prompt (nor takes its answer)."""
+    import polars as pl
+
+    from nightshift.jobs.loading import validate_spec
+    from nightshift.scheduling.dedup import adapter_piece, prompt_digests
+    from nightshift.scheduling.plan import load_encoder
+    from nightshift.scheduling.render import renderer_for
 
     assert adapter_piece(None) != adapter_piece("None")
     assert adapter_piece("a") == "adapter:a"  # named adapters' keys as before
     assert adapter_piece("base model") != adapter_piece(None)
+    spec = validate_spec(spec_dict(models["chat"], tmp_path, tmp_path / "out"))
+    renderer = renderer_for(spec, load_encoder(spec))
+    same = {"ticket_id": "t", "subject": "s", "body": "the same prompt"}
+    records = pl.DataFrame([{**same, "lora": a} for a in (None, "None", "a", "a", None)])
+    keys = prompt_digests(renderer, records, adapter_column="lora").to_list()
+    assert keys[0] != keys[1]  # the base model and the adapter called "None"
+    assert keys[2] == keys[3] and keys[0] == keys[4]  # true repeats stay repeats
+    assert len(set(keys)) == 3
