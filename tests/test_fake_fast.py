@@ -1,14 +1,16 @@
-"""The fake engine's fast path (NIGHTSHIFT_FAKE_FAST, for benchmarks of nightshift's own
-cost): fixed answers made cheaply, the same prefix-cache counts as the default path, and a
-default path whose answers the speed-up left as they were."""
+"""The fake engine's fast path (a job's fake engine's unless NIGHTSHIFT_FAKE_FAST=0, so it
+costs little beside nightshift's own path): fixed answers made cheaply, the same
+prefix-cache counts and FP8 changes as the default path, and a default path whose
+answers the speed-up left as they were."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 
-from nightshift.engines.base import EngineRequest, Pooling, Sampling
+from nightshift.engines.base import Constraint, EngineRequest, Pooling, Sampling
 from nightshift.engines.fake import FakeEngine
 
 PREFIX = list(range(100, 148))  # three blocks of 16 every prompt shares
@@ -21,8 +23,11 @@ def answers(engine: FakeEngine, sampling: Sampling) -> list:
     return sorted(engine.run(requests, sampling), key=lambda r: r.key)
 
 
-def test_the_fast_path_is_chosen_by_the_environment_and_answers_as_fixed(monkeypatch):
-    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "1")
+def test_a_jobs_fake_engine_takes_the_fast_path_unless_the_environment_says_0(monkeypatch):
+    """``run.engine: fake`` (``from_environment``) answers on the fast path, so a user's
+    fake run costs little beside nightshift's own path; NIGHTSHIFT_FAKE_FAST=0 gives the
+    default path's answers. Either path's answers are fixed per prompt."""
+    monkeypatch.delenv("NIGHTSHIFT_FAKE_FAST", raising=False)
     first = answers(FakeEngine.from_environment(), SCORED)
     again = answers(FakeEngine.from_environment(), SCORED)
     slow = answers(FakeEngine(), SCORED)
@@ -32,6 +37,34 @@ def test_the_fast_path_is_chosen_by_the_environment_and_answers_as_fixed(monkeyp
     # the prefix cache is simulated alike: the shared blocks come from cache after the first
     assert [r.cached_tokens for r in first] == [r.cached_tokens for r in slow]
     assert [r.cached_tokens for r in first] == [0] + [48] * 11
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "1")
+    assert [r.scores for r in answers(FakeEngine.from_environment(), SCORED)] == [
+        r.scores for r in first
+    ]
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "0")
+    assert [r.scores for r in answers(FakeEngine.from_environment(), SCORED)] == [
+        r.scores for r in slow
+    ]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_fp8_cache_changes_the_same_fixed_share_of_answers_on_either_path(fast):
+    """NIGHTSHIFT_FAKE_FP8_CHANGES' share of prompts answer otherwise under an FP8 KV cache,
+    on the fast path as on the default one: a canary's FP8 engine and its reference
+    (``auto``) then agree on the rest, whichever path answers them."""
+    sampling = Sampling(1, 0.0, constraint=Constraint(choice=tuple(f"c{i}" for i in range(50))))
+    prompts = [[5, 6, 7, i, i * 3, i * 7 + 1] for i in range(2000)]
+
+    def texts(dtype: str, share: float) -> list[str]:
+        engine = FakeEngine(fast=fast, kv_cache_dtype=dtype, fp8_changes=share)
+        requests = [EngineRequest(k, ids) for k, ids in enumerate(prompts)]
+        return [r.text for r in sorted(engine.run(requests, sampling), key=lambda r: r.key)]
+
+    reference = texts("auto", 0.3)
+    assert reference == texts("fp8", 0.0) == texts("auto", 0.0)  # no share: no change
+    changed = [a != b for a, b in zip(reference, texts("fp8", 0.3), strict=True)]
+    assert 0.25 < sum(changed) / len(prompts) < 0.32  # 0.3, less those a change left as they were
+    assert changed == [a != b for a, b in zip(reference, texts("fp8", 0.3), strict=True)]
 
 
 def test_the_default_path_answers_as_before_the_speed_up():
@@ -65,18 +98,21 @@ def test_fast_embeddings_are_fixed_per_prompt_and_normalized():
     assert all(len(v) == 32 and math.isclose(float(v @ v), 1.0, rel_tol=1e-6) for v in vectors)
 
 
-def test_a_jobs_fake_engine_keeps_a_gpus_worth_of_blocks_not_every_one(monkeypatch):
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_a_jobs_fake_engine_keeps_a_gpus_worth_of_blocks_not_every_one(monkeypatch, fast):
     """Like a GPU's KV cache, the prefix cache a job's fake engine simulates is bounded,
-    so its memory stays flat however many records a job sends; recent blocks still hit."""
+    so its memory stays flat however many records a job sends; recent blocks still hit
+    (on either path: the fast one's cache forgets sooner, never later)."""
     from nightshift.engines.fake import GPU_CACHE_BLOCKS
 
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", fast)
     assert FakeEngine.from_environment()._cache_blocks == GPU_CACHE_BLOCKS
     monkeypatch.setenv("NIGHTSHIFT_FAKE_CACHE_BLOCKS", "5")
     engine = FakeEngine.from_environment()
     distinct = [[7000 + i] * 16 + [8000 + i] * 16 + [1] for i in range(40)]
     requests = [EngineRequest(k, ids) for k, ids in enumerate(distinct)]
     assert all(r.cached_tokens == 0 for r in engine.run(requests, Sampling(1, 0.0)))
-    assert len(engine._blocks) == 5
+    assert 0 < len(engine._blocks) <= 5
     [last] = engine.run([EngineRequest(0, distinct[-1])], Sampling(1, 0.0))
     [first] = engine.run([EngineRequest(0, distinct[0])], Sampling(1, 0.0))
     assert (last.cached_tokens, first.cached_tokens) == (32, 0)  # the first was evicted
@@ -122,7 +158,6 @@ def test_the_fast_cache_stays_bounded_and_keeps_what_was_touched_lately():
 
 
 def test_the_fast_path_samples_afresh_keeps_stop_strings_and_choices():
-    from nightshift.engines.base import Constraint
 
     def texts(sampling, engine=None):
         return [r.text for r in answers(engine or FakeEngine(fast=True), sampling)]

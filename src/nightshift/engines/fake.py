@@ -100,8 +100,10 @@ class FakeEngine:
         """A fake engine for ``run.engine: fake``, tuned by NIGHTSHIFT_FAKE_* variables
         (the kill tests run jobs in subprocesses and can reach it no other way).
         NIGHTSHIFT_FAKE_FP8_CHANGES: the share of answers an FP8 KV cache changes;
-        NIGHTSHIFT_FAKE_FAST=1: the fast path (``fast``, for benchmarks). Its
-        batch (window) is at most 8 and at most ``max_num_seqs``, as vLLM's is capped."""
+        NIGHTSHIFT_FAKE_FAST=0: the default path for every request (``fast`` is on
+        otherwise: a job's fake engine should cost far less than what it stands in for
+        and what a benchmark of nightshift measures beside it). Its batch (window) is at
+        most 8 and at most ``max_num_seqs``, as vLLM's is capped."""
         env = os.environ
         if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
             _slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
@@ -114,7 +116,7 @@ class FakeEngine:
             kv_cache_dtype=kv_cache_dtype,
             fp8_changes=fp8_changes(),
             embedding_size=embedding_size,
-            fast=env.get("NIGHTSHIFT_FAKE_FAST", "") not in ("", "0"),
+            fast=env.get("NIGHTSHIFT_FAKE_FAST", "1") not in ("", "0"),
             cache_blocks=int(env.get("NIGHTSHIFT_FAKE_CACHE_BLOCKS", GPU_CACHE_BLOCKS)),
         )
 
@@ -168,7 +170,7 @@ class FakeEngine:
         self._noise = fp8_changes if kv_cache_dtype.startswith("fp8") else 0.0
         self.embedding_size = embedding_size  # a pooling request's vector length
         self._fast = fast  # about 10 µs a record: benchmarks tell nightshift's cost from its
-        self._fast_path = FastAnswers(self._blocks, embedding_size)
+        self._fast_path = FastAnswers(self._blocks, embedding_size, self._noise)
 
     def run(
         self, requests: Iterable[EngineRequest | None], sampling: Sampling
@@ -229,8 +231,7 @@ class FakeEngine:
         """The window's results, in order: its plain requests (no adapter, a sampling it
         takes) on the fast path (``engines.fake_fast``) when it is on and no failures
         are injected; the others each on the default path."""
-        fast = self._fast and not self._noise
-        if not fast or self._fail_when or self._abort_every or self._flaky_every:
+        if not self._fast or self._fail_when or self._abort_every or self._flaky_every:
             return [self._one(request, sampling) for request in window]
         results: list[EngineResult] = []
         plain: list[EngineRequest] = []  # in window order, so is the cache: runs of them

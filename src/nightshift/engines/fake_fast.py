@@ -1,7 +1,8 @@
-"""The fake engine's fast path (``FakeEngine(fast=True)``, NIGHTSHIFT_FAKE_FAST=1): plain
-requests answered a window at a time, at 7-14 µs a record (10-24 before:
-its block hashing alone took a third of that), so a benchmark of nightshift's own cost
-subtracts little beside what it measures.
+"""The fake engine's fast path (``FakeEngine(fast=True)``; a job's fake engine takes it
+unless NIGHTSHIFT_FAKE_FAST=0): plain requests answered a window at a time, at 7-14 µs a
+record (the default path: 38 µs on classify requests; 10-24 before: its block hashing
+alone took a third of that), so a benchmark of nightshift's own cost subtracts little
+beside what it measures.
 
 A plain request is one with no adapter whose sampling (its own, else the run's) asks for
 one answer without logprobs or thinking; the engine answers every other request (and
@@ -11,7 +12,10 @@ every request when it injects failures) on its default path. Per request here:
 - its digest (``hash`` of its ids, as the default path's fast digest), from which its
   answer, its label scores and its vector come: 65,536 answers and 4,096 score rows a
   sampling, each made once when first needed, so answers stay fixed per prompt and
-  process, whatever the block size (other answers than the default path's).
+  process, whatever the block size (other answers than the default path's);
+- an FP8 KV cache's rounding (``fp8_changes``): as on the default path, that share of
+  prompts (fixed by the digest) answer as another prompt would, so a canary comparing
+  an FP8 engine with its reference sees the same share change on either path.
 
 Requests the fast path does not take (an adapter, two answers, logprobs) are answered by
 the engine's default path, with this cache, so neither their answers nor any cache
@@ -46,9 +50,10 @@ def fast_digest(ids: Sequence[int]) -> int:
 class FastAnswers:
     """The fast path's answers so far, by sampling."""
 
-    def __init__(self, blocks: FastBlocks, embedding_size: int) -> None:
+    def __init__(self, blocks: FastBlocks, embedding_size: int, fp8_changes: float = 0.0) -> None:
         self._blocks = blocks  # the engine's prefix cache, every request's
         self._embedding_size = embedding_size
+        self._changed = int(fp8_changes * 10_000)  # of every 10,000 prompts
         self._made: OrderedDict[int, tuple[Sampling, dict, dict | None]] = OrderedDict()
         self._rows_kept = 0  # answers and score rows in ``_made``, all samplings
 
@@ -70,6 +75,8 @@ class FastAnswers:
             prompt, cached_all = prompt + len(ids), cached_all + cached
             result = EngineResult(request.key, "", "stop", len(ids), 0, cached)
             if own.pooling is None:
+                if self._changed and hash((digest, -2)) % 10_000 < self._changed:
+                    digest = hash((digest, -3)) & _BITS_64  # another prompt's answer
                 self._generated(result, digest, own, draw)
                 out += result.output_tokens
             else:  # a vector fixed by the prompt's digest (``fake_answers``), read-only
