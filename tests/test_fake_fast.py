@@ -279,3 +279,26 @@ def test_a_windows_cache_counts_follow_its_order_whichever_path_answers():
         results = engine.run(window, Sampling(4, 0.0))
         counts[engine._fast] = sorted((r.key, r.cached_tokens) for r in results)
     assert counts[True] == counts[False] == [(0, 0), (1, 32), (2, 32)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_injected_failure_takes_its_turn_and_leaves_every_other_answer(fast):
+    """Aborts, flaky errors and ``fail_when`` land on the n-th request taken on either
+    path, and every other request keeps the answer it gets with nothing injected (a run
+    killed under injected faults and resumed without them agrees with a clean one)."""
+    requests = [EngineRequest(k, ids) for k, ids in enumerate(PROMPTS)]
+    clean = {r.key: (r.text, r.scores) for r in FakeEngine(fast=fast).run(requests, SCORED)}
+    unlucky = PROMPTS[7]
+    engine = FakeEngine(
+        fast=fast,
+        abort_every=5,
+        flaky_every=11,
+        fail_when=lambda ids: "boom" if ids == unlucky else None,
+    )
+    hurt = {r.key: r for r in engine.run(requests, SCORED)}
+    assert {k for k, r in hurt.items() if r.aborted} == {4, 9}  # the 5th and 10th taken
+    assert {k for k, r in hurt.items() if r.retryable} == {10}
+    assert hurt[7].error == "boom"
+    kept = {k: (r.text, r.scores) for k, r in hurt.items() if k not in (4, 7, 9, 10)}
+    assert kept == {k: v for k, v in clean.items() if k in kept} and len(kept) == 8
+    assert engine.taken == len(PROMPTS)

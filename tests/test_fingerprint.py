@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -200,31 +201,61 @@ def _record_engine(plan_json: Path, engine: dict | None) -> None:
 def test_an_engine_version_change_refuses_the_resume_naming_both(models, ticket_dir, tmp_path):
     """An engine upgrade can change answers: a resume under another version is refused,
     naming both; a plan from before versions were recorded still resumes; the report
-    names the engine and its version."""
+    names the engine and its version. The fake engine's two paths answer differently,
+    so each has a version of its own (NIGHTSHIFT_FAKE_FAST=0: the default path's)."""
     import yaml
 
-    from nightshift.engines.identity import FAKE_ENGINE_VERSION
+    from nightshift.engines.identity import FAKE_ENGINE_VERSION, FAKE_FAST_PATH_VERSION
 
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(spec_dict(models["chat"], ticket_dir, tmp_path / "out")))
     args = [sys.executable, "-m", "nightshift.cli", "jobs", "run", str(spec), "-q"]
     args += ["--set", "run.engine=fake"]
-    assert subprocess.run(args, capture_output=True, text=True).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "NIGHTSHIFT_FAKE_FAST"}
+    assert subprocess.run(args, capture_output=True, text=True, env=env).returncode == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["engine"]["version"] == FAKE_ENGINE_VERSION
+    assert report["engine"]["version"] == FAKE_FAST_PATH_VERSION
     plan_json = tmp_path / "out" / "plan" / "plan.json"
     recorded = json.loads(plan_json.read_text())["fingerprint_inputs"]["engine"]
-    assert recorded == {"name": "fake", "version": FAKE_ENGINE_VERSION}
+    assert recorded == {"name": "fake", "version": FAKE_FAST_PATH_VERSION}
+
+    default_path = subprocess.run(
+        args, capture_output=True, text=True, env={**env, "NIGHTSHIFT_FAKE_FAST": "0"}
+    )
+    assert default_path.returncode == 2, default_path.stderr
+    last = default_path.stderr.strip().splitlines()[-1]
+    assert f"made with fake {FAKE_FAST_PATH_VERSION}" in last
+    assert f"this is fake {FAKE_ENGINE_VERSION}" in last
 
     _record_engine(plan_json, {"name": "fake", "version": "0.9-old"})
-    refused = subprocess.run(args, capture_output=True, text=True)
+    refused = subprocess.run(args, capture_output=True, text=True, env=env)
     assert refused.returncode == 2, refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
-    assert "made with fake 0.9-old" in last and f"this is fake {FAKE_ENGINE_VERSION}" in last
+    assert "made with fake 0.9-old" in last and f"this is fake {FAKE_FAST_PATH_VERSION}" in last
 
     _record_engine(plan_json, None)
-    again = subprocess.run(args, capture_output=True, text=True)
+    again = subprocess.run(args, capture_output=True, text=True, env=env)
     assert again.returncode == 0 and "0 by this run" in again.stdout, again.stderr
+
+
+def test_the_fake_engines_two_paths_never_share_a_response_cache(monkeypatch):
+    """A cache filled on the fake's fast path never serves a run on its default path
+    (NIGHTSHIFT_FAKE_FAST=0), whose answers differ: the version names the path."""
+    from nightshift.engines.base import Sampling
+    from nightshift.engines.identity import engine_identity
+    from nightshift.io.responsecache import scope_digest
+    from nightshift.scheduling.cachescope import cache_scope
+
+    def scope() -> str:
+        inputs = {"model.identity": {"files": {"a": "1"}}, "engine": engine_identity("fake")}
+        return scope_digest(cache_scope(inputs, Sampling(max_tokens=8)))
+
+    monkeypatch.delenv("NIGHTSHIFT_FAKE_FAST", raising=False)
+    fast = scope()
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "1")
+    assert scope() == fast
+    monkeypatch.setenv("NIGHTSHIFT_FAKE_FAST", "0")
+    assert scope() != fast
 
 
 def test_the_response_cache_never_serves_across_engine_versions():

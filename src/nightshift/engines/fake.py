@@ -41,6 +41,7 @@ from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tes
 )
 from nightshift.engines.fake_cache import FastBlocks, LruBlocks
 from nightshift.engines.fake_fast import FastAnswers, fast_digest, is_plain
+from nightshift.engines.identity import fake_takes_fast_path
 from nightshift.errors import EngineFatalError, EngineStalledError
 
 # What a GPU's KV cache holds, in blocks of 16 tokens: an H100 at FP8 KV with a model of
@@ -116,7 +117,7 @@ class FakeEngine:
             kv_cache_dtype=kv_cache_dtype,
             fp8_changes=fp8_changes(),
             embedding_size=embedding_size,
-            fast=env.get("NIGHTSHIFT_FAKE_FAST", "1") not in ("", "0"),
+            fast=fake_takes_fast_path(),
             cache_blocks=int(env.get("NIGHTSHIFT_FAKE_CACHE_BLOCKS", GPU_CACHE_BLOCKS)),
         )
 
@@ -229,25 +230,30 @@ class FakeEngine:
 
     def _answer_window(self, window: list[EngineRequest], sampling: Sampling) -> list:
         """The window's results, in order: its plain requests (no adapter, a sampling it
-        takes) on the fast path (``engines.fake_fast``) when it is on and no failures
-        are injected; the others each on the default path."""
-        if not self._fast or self._fail_when or self._abort_every or self._flaky_every:
+        takes) on the fast path (``engines.fake_fast``) when it is on, the others each on
+        the default path. An injected failure (abort, flaky, ``fail_when``) takes a
+        request's turn on either path, and leaves every other answer as it was."""
+        if not self._fast:
             return [self._one(request, sampling) for request in window]
+        injects = self._fail_when or self._abort_every or self._flaky_every
         results: list[EngineResult] = []
         plain: list[EngineRequest] = []  # in window order, so is the cache: runs of them
         for request in window:
+            failed = None
             if request.adapter is None and is_plain(request.sampling or sampling):
-                plain.append(request)
-                continue
+                self.taken += 1
+                failed = self._injected(request) if injects else None
+                if failed is None:
+                    plain.append(request)
+                    continue
             results += self._fast_answers(plain, sampling)
             plain = []
-            results.append(self._one(request, sampling))
+            results.append(self._one(request, sampling) if failed is None else failed)
         return results + self._fast_answers(plain, sampling)
 
     def _fast_answers(self, plain: list[EngineRequest], sampling: Sampling) -> list:
         if not plain:
             return []
-        self.taken += len(plain)
         return self._fast_path.answer(plain, sampling, self._stats, self._draw)
 
     def _draw(self) -> int:
@@ -268,20 +274,28 @@ class FakeEngine:
             with open(self._log, "a") as log:
                 log.writelines(f"{prompt_digest(q.token_ids)}\n" for q in answered)
 
-    def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
-        ids = list(request.token_ids)
-        self.taken = taken = self.taken + 1
-        if not self._fast:
-            self.order.append(request.key)
+    def _injected(self, request: EngineRequest) -> EngineResult | None:
+        """The failure injected for ``request``, the ``taken``-th; None if none is."""
+        taken = self.taken
         if self._abort_every and taken % self._abort_every == 0:
-            self.aborted.append(prompt_digest(ids))
+            self.aborted.append(prompt_digest(request.token_ids))
             return EngineResult(request.key, finish_reason="abort", aborted=True)
         if self._flaky_every and taken % self._flaky_every == 0:
             error = "request-level internal error (fake, flaky_every)"
             return EngineResult(request.key, finish_reason="error", error=error, retryable=True)
-        error = self._fail_when(ids) if self._fail_when else None
+        error = self._fail_when(list(request.token_ids)) if self._fail_when else None
         if error:
-            return EngineResult(key=request.key, error=error, prompt_tokens=len(ids))
+            return EngineResult(key=request.key, error=error, prompt_tokens=len(request.token_ids))
+        return None
+
+    def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
+        self.taken += 1
+        if not self._fast:
+            self.order.append(request.key)
+        failed = self._injected(request)
+        if failed is not None:
+            return failed
+        ids = list(request.token_ids)
         sampling = request.sampling or sampling
         if request.adapter is not None:  # another model: other answers, its own cache blocks
             salt = -(_digest([ord(c) for c in request.adapter]) % 100_000) - 10
