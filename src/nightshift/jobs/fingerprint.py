@@ -21,7 +21,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nightshift.engines.identity import describe, engine_identity
+from nightshift.engines.identity import (
+    FAKE_ENGINE_VERSION,
+    FAKE_FAST_PATH_VERSION,
+    describe,
+    engine_identity,
+)
 from nightshift.engines.tokenizer import model_source
 from nightshift.jobs.modelfiles import folder_identity
 from nightshift.jobs.spec import JobSpec
@@ -102,9 +107,22 @@ def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def _changed_engine(key: str, old: Any, new: Any) -> str | None:
     if key != "engine":
         return None
+    fix = "install the version it was made with to resume it"
+    if _fake_paths(old, new):  # the fake's two paths: the environment picks one
+        fix = f"set NIGHTSHIFT_FAKE_FAST={'0' if old['version'] == FAKE_ENGINE_VERSION else '1'}"
     return (
         f"engine (the run was made with {describe(old)}, this is {describe(new)}; an engine "
-        "upgrade can change answers: install the version it was made with to resume it)"
+        f"upgrade can change answers: {fix} to resume it)"
+    )
+
+
+def _fake_paths(old: Any, new: Any) -> bool:
+    """Whether ``old`` and ``new`` are the fake engine's two paths."""
+    paths = {FAKE_ENGINE_VERSION, FAKE_FAST_PATH_VERSION}
+    both = (old, new)
+    return (
+        all(isinstance(e, dict) and e.get("name") == "fake" for e in both)
+        and {e.get("version") for e in both} == paths
     )
 
 
