@@ -2,9 +2,10 @@
 
 Writing a vector's floats one by one through ``json.dumps`` cost about 350 µs a line for
 576 dimensions (each float32 widened to a double and printed with 17 digits), far more
-than embedding it. Here a slice of vectors becomes JSON text in one polars cast: each
-float32 in its shortest form that reads back as the same float32 (as OpenAI writes
-them), joined as ``json.dumps`` joins a list. An output line holds a placeholder where
+than embedding it. Here each vector becomes JSON text in one orjson call (20 µs for 384
+dimensions; a polars cast of the slice to text took 40): each float32 in its shortest
+form that reads back as the same float32 (as OpenAI writes them), joined as
+``json.dumps`` joins a list. An output line holds a placeholder where
 the vector goes (``placeholder``) and takes the text in after it is dumped (``spliced``).
 """
 
@@ -16,7 +17,7 @@ import re
 from typing import NamedTuple
 
 import numpy as np
-import polars as pl
+import orjson
 import pyarrow as pa
 
 
@@ -31,26 +32,27 @@ def read_vectors(column: pa.Array | pa.ChunkedArray) -> list[Vector | None]:
     """The vectors of an Arrow list (or fixed-size list) column; None where null."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    texts = pl.Series(values=column).cast(pl.List(pl.String)).list.join(", ").to_list()
     values = column.to_numpy(zero_copy_only=False)
-    # A null inside a vector (never an engine's): polars' join would drop it silently.
+    # A null inside a vector (never an engine's): numpy would read it as NaN.
     holes = hasattr(column, "flatten") and column.flatten().null_count  # not a null type
-    rows = column.to_pylist() if holes else [None] * len(texts)
+    rows = column.to_pylist() if holes else [None] * len(values)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
     return [
-        None if text is None else Vector(_json_text(text, vector, row), vector)
-        for text, vector, row in zip(texts, values, rows, strict=True)
+        Vector(_json_text(vector, row), vector) if ok else None
+        for vector, row, ok in zip(values, rows, valid, strict=True)
     ]
 
 
-def _json_text(text: str, vector: np.ndarray, row: list | None) -> str:
+def _json_text(vector: np.ndarray, row: list | None) -> str:
     """A vector's array text as ``json.dumps`` would read it: NaN and infinities as it
-    writes them (NaN, Infinity: what Python's and the SDK's readers take, not polars'
-    "inf"), a null element as null."""
+    writes them (NaN, Infinity: what Python's and the SDK's readers take; orjson would
+    write null), a null element as null."""
     if row is not None and None in row:
         return json.dumps(row)
-    if "n" in text or "N" in text:  # only "NaN" and "inf" hold an n: rare, checked here
+    text = orjson.dumps(np.ascontiguousarray(vector), option=orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in text:  # NaN or an infinity: rare, checked here
         return json.dumps(np.asarray(vector, dtype=np.float64).tolist())
-    return f"[{text}]"
+    return text.decode().replace(",", ", ")
 
 
 def as_base64(vector: Vector | list[float]) -> str:
