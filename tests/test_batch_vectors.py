@@ -1,4 +1,4 @@
-"""Embeddings as output lines carry them (``batch.vectors``): JSON text made a slice at a
+"""Embeddings as output lines carry them (``batch.vectors``): JSON text made a vector at a
 time, read back as the same float32 values, whatever the column's list type."""
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ def test_vectors_read_back_as_the_same_float32_from_either_list_type():
             assert base64.b64decode(as_base64(vectors[k])) == row.astype("<f4").tobytes()
     null, empty = read_vectors(varied)[6:]
     assert null is None and empty.text == "[]"
+
+
+def test_each_float32_is_written_in_its_shortest_form():
+    """As OpenAI writes them: 0.1, never the double it widens to (0.10000000149011612)."""
+    column = pa.array([[0.1, 1e-07, 3.4e38, 123456.0, 1e-45, -2.5]], pa.list_(pa.float32()))
+    assert read_vectors(column)[0].text == "[0.1, 1e-7, 3.4e+38, 123456.0, 1e-45, -2.5]"
 
 
 def test_nan_and_infinity_are_written_as_json_dumps_writes_them():
