@@ -225,13 +225,15 @@ def test_an_engine_version_change_refuses_the_resume_naming_both(models, ticket_
     assert default_path.returncode == 2, default_path.stderr
     last = default_path.stderr.strip().splitlines()[-1]
     assert f"made with fake {FAKE_FAST_PATH_VERSION}" in last
-    assert f"this is fake {FAKE_ENGINE_VERSION}" in last and "NIGHTSHIFT_FAKE_FAST=1" in last
+    assert f"this is fake {FAKE_ENGINE_VERSION}" in last
+    assert "two paths answer differently: set NIGHTSHIFT_FAKE_FAST=1 to resume it)" in last
 
     _record_engine(plan_json, {"name": "fake", "version": "0.9-old"})
     refused = subprocess.run(args, capture_output=True, text=True, env=env)
     assert refused.returncode == 2, refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
     assert "made with fake 0.9-old" in last and f"this is fake {FAKE_FAST_PATH_VERSION}" in last
+    assert "install the version it was made with to resume it)" in last, last
 
     _record_engine(plan_json, None)
     again = subprocess.run(args, capture_output=True, text=True, env=env)

@@ -107,12 +107,13 @@ def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def _changed_engine(key: str, old: Any, new: Any) -> str | None:
     if key != "engine":
         return None
-    fix = "install the version it was made with to resume it"
+    why = "an engine upgrade can change answers: install the version it was made with"
     if _fake_paths(old, new):  # the fake's two paths: the environment picks one
-        fix = f"set NIGHTSHIFT_FAKE_FAST={'0' if old['version'] == FAKE_ENGINE_VERSION else '1'}"
+        path = "0" if old["version"] == FAKE_ENGINE_VERSION else "1"
+        why = f"the fake engine's two paths answer differently: set NIGHTSHIFT_FAKE_FAST={path}"
     return (
-        f"engine (the run was made with {describe(old)}, this is {describe(new)}; an engine "
-        f"upgrade can change answers: {fix} to resume it)"
+        f"engine (the run was made with {describe(old)}, this is {describe(new)}; "
+        f"{why} to resume it)"
     )
 
 
