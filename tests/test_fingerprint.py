@@ -271,3 +271,15 @@ def test_the_response_cache_never_serves_across_engine_versions():
     assert scope_digest(cache_scope(inputs, sampling)) != scope_digest(
         cache_scope(upgraded, sampling)
     )
+
+
+def test_a_refusal_between_the_fakes_two_paths_names_the_setting_that_resumes_it():
+    from nightshift.engines.identity import FAKE_ENGINE_VERSION, FAKE_FAST_PATH_VERSION
+    from nightshift.jobs.fingerprint import _changed_engine
+
+    fast = {"name": "fake", "version": FAKE_FAST_PATH_VERSION}
+    default = {"name": "fake", "version": FAKE_ENGINE_VERSION}
+    assert "set NIGHTSHIFT_FAKE_FAST=0 to resume it)" in _changed_engine("engine", default, fast)
+    assert "set NIGHTSHIFT_FAKE_FAST=1 to resume it)" in _changed_engine("engine", fast, default)
+    old = {"name": "fake", "version": "0.9-old"}
+    assert "install the version it was made with" in _changed_engine("engine", old, fast)
