@@ -41,8 +41,8 @@ from nightshift.engines.fake_answers import (  # noqa: F401  (prompt_digest: tes
 )
 from nightshift.engines.fake_cache import FastBlocks, LruBlocks
 from nightshift.engines.fake_fast import FastAnswers, fast_digest, is_plain
+from nightshift.engines.fake_faults import InjectedFaults, slow_start
 from nightshift.engines.identity import fake_takes_fast_path
-from nightshift.errors import EngineFatalError, EngineStalledError
 
 # What a GPU's KV cache holds, in blocks of 16 tokens: an H100 at FP8 KV with a model of
 # about 1B parameters keeps some 250,000. A job's fake engine keeps as many, so its
@@ -56,21 +56,6 @@ def fp8_changes() -> float:
     return float(os.environ.get("NIGHTSHIFT_FAKE_FP8_CHANGES", 0))
 
 
-def _slow_start(hold: str) -> None:
-    """A start-up that lasts while the file ``hold`` exists, run by a child process as
-    vLLM's engine core runs its start-up: the tests of stops and cancels kill it."""
-    import subprocess
-    import sys
-
-    from nightshift.engines.processes import register_starting
-
-    wait = f"import os, time\nwhile os.path.exists({hold!r}): time.sleep(0.05)"
-    child = subprocess.Popen([sys.executable, "-c", wait])
-    register_starting(lambda: [child.pid])
-    if child.wait() != 0:
-        raise EngineFatalError("the fake engine was killed while it started")
-
-
 class FakeEngine:
     """``fail_when(token_ids)`` may return an error string to fail that one record;
     ``die_after`` makes the engine die (EngineFatalError) once, after that many results,
@@ -79,12 +64,13 @@ class FakeEngine:
     n-th with a retryable error (as vLLM's ``error`` finish). ``hang_after`` makes it
     hang once, after that many results, as a frozen engine core does: with ``stall_s``
     its stall watch (vLLM's, ``StallWatch``) ends the hang as ``EngineStalledError``
-    (the "fresh engine" after it works). ``seconds_per_record``
-    slows it down and ``log`` (a file path) gets one line per generated request (its
-    ``prompt_digest``), for the kill tests. ``fast`` makes its answers from Python's
-    hash of the prompt's ids (fixed across runs too, but other answers than the default
-    path's), so it costs about 10 µs a record (``engines.fake_fast``): what a benchmark
-    of nightshift's own cost subtracts must be small beside it.
+    (the "fresh engine" after it works); ``engines.fake_faults`` makes these faults.
+    ``seconds_per_record`` slows it down and ``log`` (a file path) gets one line per
+    generated request (its ``prompt_digest``), for the kill tests. ``fast`` makes its
+    answers from Python's hash of the prompt's ids (fixed across runs too, but other
+    answers than the default path's), so it costs about 10 µs a record
+    (``engines.fake_fast``): what a benchmark of nightshift's own cost subtracts must
+    be small beside it.
 
     Results come back out of order (each window of ``window`` requests reversed), as a
     real engine's do, so callers must match them by key.
@@ -107,7 +93,7 @@ class FakeEngine:
         most 8 and at most ``max_num_seqs``, as vLLM's is capped."""
         env = os.environ
         if env.get("NIGHTSHIFT_FAKE_START_HOLD"):
-            _slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
+            slow_start(env["NIGHTSHIFT_FAKE_START_HOLD"])
         return cls(
             block_size=block_size,
             window=min(8, max_num_seqs),
@@ -146,7 +132,10 @@ class FakeEngine:
             block_size=block_size,
             prefix_caching=True,
         )
-        self._fail_when = fail_when
+        self.faults = InjectedFaults(
+            fail_when, die_after, abort_every, flaky_every, hang_after, stall_s
+        )
+        self.aborted = self.faults.aborted  # prompt_digest of each request returned aborted
         # the prefix cache (``engines.fake_cache``): one for every request, either path's
         kind = FastBlocks if fast else LruBlocks
         self._blocks: LruBlocks | FastBlocks = kind(block_size, cache_blocks)
@@ -155,16 +144,11 @@ class FakeEngine:
         # million keys are 40 MB a benchmark would count as nightshift's), and how many
         self.order: list[int] = []
         self.taken = 0
-        self._die_after = die_after
         self._delay = seconds_per_record
         self._log = log
         self._stats = EngineStats()
         self._window = window
-        self._abort_every, self._flaky_every = abort_every, flaky_every
-        self.aborted: list[str] = []  # prompt_digest of each request returned aborted
         self.calls = 0
-        self._hang_after, self.stall_s = hang_after, stall_s
-        self.stalls = 0  # hangs its stall watch ended
         self._interrupted = False
         self._rng = random.Random()  # samples without a seed: fresh ones every time
         # an FP8 KV cache's rounding: this share of prompts (fixed ones) answer otherwise
@@ -186,33 +170,14 @@ class FakeEngine:
             self._stats.peak_running = max(self._stats.peak_running, len(window))
             self._write_log(window, results)
             for result in reversed(results):
-                self._maybe_die()
-                if self._maybe_hang():
+                self.faults.maybe_die()
+                if self.faults.maybe_hang(lambda: self._interrupted, self._output_tokens):
                     return  # interrupted while hung: the rest are aborted, no answers
                 yield result
 
     def interrupt(self) -> None:
         """Return from ``run`` at the next result (the run is stopping)."""
         self._interrupted = True
-
-    def _maybe_hang(self) -> bool:
-        """Hang here (``hang_after``) until the stall watch trips (EngineStalledError) or
-        the run is interrupted (True)."""
-        if self._hang_after is None or self._hang_after > 0:
-            if self._hang_after is not None:
-                self._hang_after -= 1
-            return False
-        self._hang_after = None  # once
-        from nightshift.engines.stall import StallWatch
-
-        watch = StallWatch(self.stall_s, lambda: self._stats.output_tokens)
-        watch.begin_step()  # a step that never returns
-        while not self._interrupted:
-            if watch.stalled():
-                self.stalls += 1
-                raise EngineStalledError(f"fake engine hung for {self.stall_s:g}s (hang_after)")
-            time.sleep(0.02)
-        return True
 
     def _take_window(self, pending: Iterator[EngineRequest | None]) -> tuple[list, bool]:
         """Up to ``window`` requests; fewer when the stream has none ready (None) or
@@ -235,14 +200,13 @@ class FakeEngine:
         request's turn on either path, and leaves every other answer as it was."""
         if not self._fast:
             return [self._one(request, sampling) for request in window]
-        injects = self._fail_when or self._abort_every or self._flaky_every
         results: list[EngineResult] = []
         plain: list[EngineRequest] = []  # in window order, so is the cache: runs of them
         for request in window:
             failed = None
             if request.adapter is None and is_plain(request.sampling or sampling):
                 self.taken += 1
-                failed = self._injected(request) if injects else None
+                failed = self._injected(request)
                 if failed is None:
                     plain.append(request)
                     continue
@@ -259,13 +223,6 @@ class FakeEngine:
     def _draw(self) -> int:
         return self._rng.getrandbits(48)
 
-    def _maybe_die(self) -> None:
-        if self._die_after is not None:
-            if self._die_after == 0:
-                self._die_after = None  # once: the "fresh engine" after it works
-                raise EngineFatalError("fake engine died (die_after)")
-            self._die_after -= 1
-
     def _write_log(self, window: list[EngineRequest], results: list[EngineResult]) -> None:
         if self._delay:
             time.sleep(self._delay * len(results))
@@ -276,17 +233,16 @@ class FakeEngine:
 
     def _injected(self, request: EngineRequest) -> EngineResult | None:
         """The failure injected for ``request``, the ``taken``-th; None if none is."""
-        taken = self.taken
-        if self._abort_every and taken % self._abort_every == 0:
-            self.aborted.append(prompt_digest(request.token_ids))
-            return EngineResult(request.key, finish_reason="abort", aborted=True)
-        if self._flaky_every and taken % self._flaky_every == 0:
-            error = "request-level internal error (fake, flaky_every)"
-            return EngineResult(request.key, finish_reason="error", error=error, retryable=True)
-        error = self._fail_when(list(request.token_ids)) if self._fail_when else None
-        if error:
-            return EngineResult(key=request.key, error=error, prompt_tokens=len(request.token_ids))
-        return None
+        faults = self.faults
+        return faults.for_request(request, self.taken) if faults.per_request else None
+
+    @property
+    def stalls(self) -> int:
+        """Hangs its stall watch ended (``hang_after``)."""
+        return self.faults.stalls
+
+    def _output_tokens(self) -> int:
+        return self._stats.output_tokens
 
     def _one(self, request: EngineRequest, sampling: Sampling) -> EngineResult:
         self.taken += 1
