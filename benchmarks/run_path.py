@@ -193,7 +193,8 @@ def run_command(command: list[str], log: Path, kill_when=None) -> dict:
         rc = process.wait()
     wall = time.monotonic() - began
     if rc not in (0, -signal.SIGKILL):
-        raise SystemExit(f"{' '.join(command)} exited {rc}: see {log}")
+        tail = log.read_text()[-3000:]  # the log's folder is gone once this exits
+        raise SystemExit(f"{' '.join(command)} exited {rc}; its log ends:\n{tail}")
     # (not ru_maxrss: a child forked from this process counts this one's memory at fork)
     return {"wall_s": round(wall, 2), "returncode": rc, **memory.stop(), "cpu": memory.cpu}
 
@@ -324,8 +325,10 @@ def each_id_once(output: Path, inputs: Path) -> bool:
 
 
 def kill_and_rerun(command: list[str], result: dict, output: Path, work: Path, kind, args):
-    """SIGKILL a fresh run at ``--kill-at`` of its generation (by the full run's start-up
-    and plan times), then rerun it to the end; the rerun's time against the full run's."""
+    """SIGKILL a fresh run once ``--kill-at`` of its records are checkpointed or committed
+    (``--kill-by records``), or at ``--kill-at`` of the full run's wall time (``--kill-by
+    time``: a kill that may land in the plan), then rerun it to the end; the rerun's time
+    against the full run's."""
     from nightshift.io.outputs import JobOutput
 
     out = JobOutput(str(output))
@@ -340,13 +343,18 @@ def kill_and_rerun(command: list[str], result: dict, output: Path, work: Path, k
             done += sum(f.rows for f in out.shards.checkpoint(shard))
         return done >= args.kill_at * result["records"]
 
+    def half_time() -> bool:
+        return time.monotonic() - began >= args.kill_at * result["wall_s"]
+
     shutil.rmtree(output)  # the full run's output would read as done at once
     began = time.monotonic()
-    killed = run_command(command, work / f"{kind}-killed.log", kill_when=half_done)
+    when = half_time if args.kill_by == "time" else half_done
+    killed = run_command(command, work / f"{kind}-killed.log", kill_when=when)
     at = time.monotonic() - began
     rerun = run_command(command[:-1], work / f"{kind}-rerun.log")  # resume, no --overwrite
     report = json.loads((output / "report.json").read_text())
     return {
+        "killed_by": args.kill_by,
         "killed_at_s": round(at, 1),
         "killed": killed,
         "rerun_wall_s": rerun["wall_s"],
@@ -362,6 +370,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, nargs="+", default=[100_000])
     parser.add_argument("--jobs", nargs="+", default=["classify"])
     parser.add_argument("--kill-at", type=float, default=None)
+    parser.add_argument("--kill-by", choices=["records", "time"], default="records")
     parser.add_argument("--profile", action="store_true", help="py-spy record each run")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "run_path")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/run_path.json")

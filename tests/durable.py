@@ -150,3 +150,15 @@ def kill_alone(cli, wait_s: float = 10) -> list[str]:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     return [names[p.pid] for p in left]
+
+
+def output_status_or_empty(location: str) -> list[int]:
+    """Shards committed so far (none if the plan never finished)."""
+    from nightshift.errors import UserError
+    from nightshift.jobs.status import output_status
+
+    try:
+        status = output_status(location)
+    except UserError:
+        return []
+    return [s["index"] for s in status["each"] if s["state"] == "done"]

@@ -25,6 +25,7 @@ from .durable import (
     NIGHTSHIFT,
     assert_exactly_once,
     generated_prompts,
+    output_status_or_empty,
     report,
     run_cli,
     shard_prompts,
@@ -59,6 +60,8 @@ def job(models, tmp_path):
 
 
 CRASH_POINTS = [
+    "plan.built",  # the plan's keys and built.json stored, no shard file yet
+    "plan.shard_written:2",  # two shard files stored, the rest not yet
     "plan.before_manifest",  # plan data written, plan.json not yet
     "chunk.written:3",  # a chunk's file written, progress.json not yet
     "shard.data_written",  # first shard's data written, its marker not yet
@@ -83,17 +86,6 @@ def test_a_kill_at_a_crash_point_then_a_rerun_gives_every_record_once(job, tmp_p
     for shard in committed_before:
         assert not shards[shard] & regenerated, f"shard {shard} was generated twice"
     assert report(out)["records"]["rejected"] == 3
-
-
-def output_status_or_empty(location: str) -> list[int]:
-    """Shards committed so far (none if the plan never finished)."""
-    from nightshift.errors import UserError
-
-    try:
-        status = output_status(location)
-    except UserError:
-        return []
-    return [s["index"] for s in status["each"] if s["state"] == "done"]
 
 
 def test_timed_kills_at_random_moments_never_lose_or_repeat_a_record(job, tmp_path):

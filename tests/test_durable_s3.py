@@ -11,11 +11,17 @@ import yaml
 
 from nightshift.engines.fake import FakeEngine
 from nightshift.jobs.loading import validate_spec
-from nightshift.jobs.status import output_status
 from nightshift.pipelines.direct import run_job
 
 from .conftest import spec_dict, write_records
-from .durable import assert_exactly_once, generated_prompts, report, run_cli, shard_prompts
+from .durable import (
+    assert_exactly_once,
+    generated_prompts,
+    output_status_or_empty,
+    report,
+    run_cli,
+    shard_prompts,
+)
 
 pytest_plugins = ["tests.s3server"]
 
@@ -42,13 +48,15 @@ def s3_job(models, tmp_path, s3_env):
     return path, spec, out, [r["ticket_id"] for r in rows]
 
 
-@pytest.mark.parametrize("point", ["chunk.written:4", "shard.data_written:2"])
+@pytest.mark.parametrize(
+    "point", ["plan.shard_written:2", "chunk.written:4", "shard.data_written:2"]
+)
 def test_a_kill_then_a_rerun_on_s3_gives_every_record_once(s3_job, s3_env, tmp_path, point):
     spec_path, spec, out, ids = s3_job
     env = s3_env.env()
     first = run_cli(spec_path, env={**env, "NIGHTSHIFT_CRASH_AT": point})
     assert first.returncode == -signal.SIGKILL, first.stderr
-    done_before = [s["index"] for s in output_status(out)["each"] if s["state"] == "done"]
+    done_before = output_status_or_empty(out)
     log = tmp_path / "second.log"
     second = run_cli(spec_path, env={**env, "NIGHTSHIFT_FAKE_LOG": str(log)})
     assert second.returncode == 0, second.stderr

@@ -43,8 +43,8 @@ SHARD = r"shard-\d{5}"
 # The keys nightshift writes in folders of its own: their presence shows a run was here.
 # (A user's report.md or rejects.parquet shows nothing; report.json is checked inside.)
 RUN_KEY = re.compile(
-    rf"""^({PLAN_DIR}/(plan|calibration|canary)\.json
-    |{PLAN_DIR}/(records(-\d{{4}})?\.parquet|shards/{SHARD}\.parquet)
+    rf"""^({PLAN_DIR}/(plan|calibration|canary|built)\.json
+    |{PLAN_DIR}/(records(-\d{{4}})?\.parquet|built-rejects\.parquet|shards/{SHARD}\.parquet)
     |{CANARY_DIR}/(reference|job|cache)/.+
     |{COMMITTED}/{SHARD}\.json
     |{WORK}/({SHARD}/.+|workers/[^/]+\.json)

@@ -11,6 +11,12 @@ Layout (the output may be a local directory or an S3 prefix)::
     OUTPUT/plan/plan.json                counts, shards, predicted prefix reuse, the
                                          input schema and the spec's fingerprint;
                                          written last: no plan.json, no plan
+    OUTPUT/plan/built.json               while the files are written: the plan.json to
+                                         be, once records.parquet and
+                                         built-rejects.parquet (the rejects' keys) are
+                                         stored, so a run stopped while it wrote the
+                                         shard files writes the rest (``PlanStore.kept``)
+                                         instead of planning again; gone with plan.json
     OUTPUT/plan/calibration.json         classify: the model's leaning toward each
                                          label, measured once before the first answer
                                          (``running.calibration``); first writer wins
@@ -23,6 +29,10 @@ A later run that finds new records in the input adds an increment (``scheduling.
 its shards are numbered after the earlier ones, its keys go to
 ``plan/records-0001.parquet`` and ``rejects-0001.parquet``, and plan.json, rewritten
 last, adds up all increments.
+
+A first plan's keys are stored before its shard files (``built.json`` says so), and
+each shard file is stored as soon as it is written: planning a million records takes
+half a minute, and a run killed while writing the files keeps that work.
 
 Each shard's input is copied out of the input files once, so a run reads one shard file
 per shard instead of scanning every input file for its records, and the shard's
@@ -41,7 +51,9 @@ import base64
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,10 +95,42 @@ CALIBRATION = f"{PLAN_DIR}/calibration.json"
 CANARY = f"{PLAN_DIR}/canary.json"
 CANARY_DIR = "canary"  # the canary's two sample runs and the answers the job keeps
 REJECTS = "rejects.parquet"
+BUILT = f"{PLAN_DIR}/built.json"
+BUILT_REJECTS = f"{PLAN_DIR}/built-rejects.parquet"
+SHARDS_DIR = f"{PLAN_DIR}/shards/"
 # Rows in each row group of a shard file. A Parquet reader decodes a whole row group at
 # once, whatever batch size it is asked for: as one group (polars' default holds 262,144
 # rows), a shard of 128,000 tickets held 74 MB decoded for as long as the feed read it.
 SHARD_ROW_GROUP = 8192
+
+
+class PlanFiles:
+    """What a plan's files are made from its fields: the input columns' schema, and its
+    shard numbers (``scheduling.plan.Plan`` and ``KeptPlan`` are both)."""
+
+    dataset: ds.FileSystemDataset
+    columns: list[str]
+    records: pl.DataFrame
+
+    @property
+    def input_schema(self) -> pa.Schema:
+        return pa.schema([self.dataset.schema.field(c) for c in self.columns])
+
+    @property
+    def shards(self) -> list[int]:
+        """The shard numbers this plan cuts (an increment's start after earlier plans')."""
+        return self.records["shard"].unique().sort().to_list()
+
+
+@dataclass
+class KeptPlan(PlanFiles):
+    """A plan built by an earlier run (``PlanStore.kept``), over the input it was built
+    from: written, it writes only the shard files that run did not."""
+
+    dataset: ds.FileSystemDataset
+    columns: list[str]
+    records: pl.DataFrame
+    rejects: pl.DataFrame
 
 
 class PlanStore:
@@ -102,7 +146,9 @@ class PlanStore:
         return f"{PLAN_DIR}/{_shard_file(shard)}"
 
     def write(self, plan: Plan, manifest: dict[str, Any], increment: int = 0) -> str:
-        """Write ``plan`` and its input copies, then ``manifest`` as plan.json, last."""
+        """Write ``plan`` and its input copies, then ``manifest`` as plan.json, last. A
+        first plan's keys are kept first (``kept``); a ``KeptPlan`` writes only the shard
+        files its earlier run did not."""
         names = increment_files(increment)
         manifest = {
             "rejects_files": [names["rejects"]],
@@ -110,18 +156,77 @@ class PlanStore:
             **manifest,
             "input_schema": _encode_schema(plan.input_schema),
         }
+        first = increment == 0
+        if first and not isinstance(plan, KeptPlan):
+            self._keep_built(plan, manifest, names["records"])
+        stored = set(self.store.list(SHARDS_DIR)) if isinstance(plan, KeptPlan) else set()
         with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
             local = Path(tmp)
             (local / "shards").mkdir()
-            plan.records.write_parquet(local / "records.parquet")
-            _copy_shard_inputs(plan, local)
-            for shard in plan.shards:
-                self.store.put_file(self.shard_key(shard), local / _shard_file(shard))
-            self.store.put_file(names["records"], local / "records.parquet")
+            todo = [s for s in plan.shards if self.shard_key(s) not in stored]
+            _copy_shard_inputs(plan, local, todo, self._put_shard)
+            if not first:
+                plan.records.write_parquet(local / "records.parquet")
+                self.store.put_file(names["records"], local / "records.parquet")
             self.store.put_file(names["rejects"], local / REJECTS)
         crash_point("plan.before_manifest")
         self.store.put_bytes(MANIFEST, json.dumps(manifest, indent=2).encode())
+        if first:
+            self.store.delete([BUILT, BUILT_REJECTS])
         return self.store.uri(PLAN_DIR)
+
+    def _keep_built(self, plan: Plan, manifest: dict[str, Any], records_key: str) -> None:
+        """Store the plan's keys and its plan.json to be, built.json last. The files of
+        another plan cut short here are deleted first: this plan writes its own shard
+        files. Another run building this same plan (the same job over the same input
+        files) writes the same files: its are left in place."""
+        if not self._built_here(manifest.get("fingerprint"), manifest.get("input_listing")):
+            self.store.delete([MANIFEST, BUILT, *self.store.list(SHARDS_DIR)])
+        self.store.put_written(records_key, plan.records.write_parquet)
+        self.store.put_written(BUILT_REJECTS, plan.rejects.write_parquet)
+        self.store.put_bytes(BUILT, json.dumps(manifest, indent=2).encode())
+        crash_point("plan.built")
+
+    def _built_here(self, fingerprint: str | None, listing: str | None) -> dict[str, Any] | None:
+        """built.json where it is that of the job ``fingerprint`` over the input files
+        ``listing`` (``scheduling.increments.input_listing``), else None."""
+        try:
+            built = json.loads(self.store.get_bytes(BUILT))
+        except (ObjectNotFound, ValueError):
+            return None
+        if listing is None or fingerprint is None or not isinstance(built, dict):
+            return None
+        same = built.get("input_listing") == listing and built.get("fingerprint") == fingerprint
+        return built if same else None
+
+    def _put_shard(self, shard: int, path: Path) -> None:
+        self.store.put_file(self.shard_key(shard), path)
+        path.unlink()
+        crash_point("plan.shard_written")
+
+    def kept(
+        self, fingerprint: str, listing: str | None
+    ) -> tuple[pl.DataFrame, pl.DataFrame, dict[str, Any]] | None:
+        """The records, rejects and plan.json to be of a first plan an earlier run
+        built here and was stopped while writing its files, where it was built for the
+        same job (``fingerprint``) from the same input files (``listing``,
+        ``scheduling.increments.input_listing``); else None, and the run plans afresh."""
+        built = self._built_here(fingerprint, listing)
+        if built is None:
+            return None
+        try:
+            records = pl.read_parquet(BytesIO(self.store.get_bytes(built["records_files"][0])))
+            rejects = pl.read_parquet(BytesIO(self.store.get_bytes(BUILT_REJECTS)))
+        except (
+            ObjectNotFound,
+            KeyError,
+            IndexError,
+            TypeError,
+            OSError,
+            pl.exceptions.PolarsError,
+        ):
+            return None  # not whole after all: planned afresh
+        return records, rejects, built
 
     def manifest(self) -> dict[str, Any] | None:
         """The written plan's plan.json, or None when no plan was finished here."""
@@ -231,17 +336,23 @@ def reject_column_names(columns: list[str]) -> tuple[str, str]:
     return names[0], names[1]
 
 
-def _copy_shard_inputs(plan: Plan, root: Path) -> None:
-    """Each shard's input columns in run order, and the rejects' in input order. The
-    input's frames never take a plan column: records are picked by row number, so every
-    input column name works, ``position``, ``shard`` and ``_row`` included."""
+def _copy_shard_inputs(
+    plan: Plan, root: Path, shards: list[int], put: Callable[[int, Path], None]
+) -> None:
+    """The input columns of each of ``shards`` in run order, each given to ``put`` once
+    written, and the rejects' in input order. The input's frames never take a plan
+    column: records are picked by row number, so every input column name works,
+    ``position``, ``shard`` and ``_row`` included."""
     pieces = root / ".pieces"
     targets = plan.records.select("_file", "_row", "shard")
+    if len(shards) < len(plan.shards):  # the others are stored already
+        targets = targets.filter(pl.col("shard").is_in(shards))
     held = plan.rejects.select("_file", "_row")
     for index in range(len(plan.dataset.files)):
         _route_file(plan, index, targets, held, pieces)
-    for shard in plan.shards:
+    for shard in shards:
         _write_shard(plan, shard, sorted((pieces / f"{shard:05d}").glob("*.parquet")), root)
+        put(shard, root / _shard_file(shard))
         give_back_freed()  # memory holds one shard at a time
     _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
     shutil.rmtree(pieces, ignore_errors=True)

@@ -17,6 +17,7 @@ from typing import Any
 from nightshift.engines.tokenizerid import TokenizerIdentity
 from nightshift.errors import OutputExistsError, ShardsFailedError
 from nightshift.io.outputs import JobOutput, new_run_location
+from nightshift.io.planstore import KeptPlan
 from nightshift.jobs.fingerprint import changed_keys, plan_stamp
 from nightshift.jobs.spec import JobSpec
 from nightshift.running.encoding import close_spare, start_spare
@@ -103,8 +104,13 @@ def _plan(
     that they have loaded their tokenizers by the time it ends."""
     start_spare(spec, encoder, _input_rows(spec))
     listing = {"input_listing": input_listing(spec)}  # before reading (increments)
-    plan = build_plan(spec, encoder, progress)
-    summary = {**describe(plan, spec), **stamp, **listing, **encoder.identity().as_plan()}
+    kept = output.plans.kept(stamp["fingerprint"], listing["input_listing"])
+    if kept is not None:  # built by a run stopped while it wrote the plan's files
+        records, rejects, summary = kept
+        plan: Any = KeptPlan(*open_job_input(spec), records, rejects)
+    else:
+        plan = build_plan(spec, encoder, progress)
+        summary = {**describe(plan, spec), **stamp, **listing, **encoder.identity().as_plan()}
     output.plans.write(plan, summary)  # before generation
     return output.plans.manifest()
 

@@ -29,7 +29,7 @@ from nightshift.io.inputs import (
     check_id_type,
     open_input,
 )
-from nightshift.io.planstore import POSITION
+from nightshift.io.planstore import POSITION, PlanFiles
 from nightshift.jobs.columns import check_column_types
 from nightshift.jobs.modelcheck import check_model_source
 from nightshift.jobs.platform import batch_limits
@@ -59,7 +59,7 @@ RECORD_KEYS = ["position", "shard", "record_id", "_file", "_row", "tokens", "exa
 
 
 @dataclass
-class Plan:
+class Plan(PlanFiles):
     """Everything the run needs to know before it starts, and nothing per-record but keys."""
 
     dataset: ds.FileSystemDataset  # the input files, in the order _file numbers them
@@ -70,15 +70,6 @@ class Plan:
     prefix_reuse: dict[str, Any]
     exact_records: int  # records whose tokens were counted, not estimated
     shard_adapters: dict[int, list[str | None]] | None = None  # with input.adapter_column
-
-    @property
-    def input_schema(self) -> pa.Schema:
-        return pa.schema([self.dataset.schema.field(c) for c in self.columns])
-
-    @property
-    def shards(self) -> list[int]:
-        """The shard numbers this plan cuts (an increment's start after earlier plans')."""
-        return self.records["shard"].unique().sort().to_list()
 
     def shard_summaries(self) -> list[dict[str, Any]]:
         summary = self.records.group_by("shard").agg(

@@ -1,0 +1,116 @@
+"""A run killed while it writes its plan's files keeps the plan it built.
+
+Planning a million records takes half a minute; the plan's keys are stored before its
+shard files (``plan/built.json`` last), and each shard file as soon as it is written.
+A rerun of the same job over the same input writes only the shard files missing, and
+plans nothing again; a changed spec or input plans afresh.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from .conftest import spec_dict, write_records
+from .durable import assert_exactly_once, report, run_cli
+
+RECORDS = 120
+
+
+@pytest.fixture
+def job(models, tmp_path):
+    """120 tickets in 2 files, 1 of them a reject; 6 shards of 20."""
+    rows = [
+        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 5}", "body": f"body {i} " * (1 + i % 7)}
+        for i in range(RECORDS)
+    ]
+    rows[9]["body"] = None
+    for n in range(2):
+        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * 60 : (n + 1) * 60])
+    spec = spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        tmp_path / "out",
+        plan={"shard_records": 20},
+        run={"chunk_records": 8, "engine": "fake"},
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, spec, [r["ticket_id"] for r in rows]
+
+
+def shard_files(out: Path) -> dict[str, int]:
+    """Each stored shard file's modification time, by name."""
+    return {p.name: p.stat().st_mtime_ns for p in sorted((out / "plan" / "shards").glob("*"))}
+
+
+def kill_at(spec_path: Path, point: str) -> None:
+    killed = run_cli(spec_path, env={"NIGHTSHIFT_CRASH_AT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+
+def test_a_rerun_writes_only_the_shard_files_the_killed_run_did_not(job, tmp_path):
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.shard_written:2")
+    before = shard_files(out)
+    assert len(before) == 2 and (out / "plan" / "built.json").exists()
+    assert not (out / "plan" / "plan.json").exists()
+    records = (out / "plan" / "records.parquet").stat().st_mtime_ns
+    rerun = run_cli(spec_path)
+    assert rerun.returncode == 0, rerun.stderr
+    after = shard_files(out)
+    assert len(after) == 6
+    assert {name: after[name] for name in before} == before  # kept, not written again
+    assert (out / "plan" / "records.parquet").stat().st_mtime_ns == records  # not planned again
+    assert not (out / "plan" / "built.json").exists()
+    assert not (out / "plan" / "built-rejects.parquet").exists()
+    assert_exactly_once(str(out), "ticket_id", ids)
+    assert report(str(out))["records"]["rejected"] == 1
+
+
+def test_the_kept_plan_writes_the_same_files_as_an_unbroken_run(job, tmp_path):
+    spec_path, spec, _ = job
+    kill_at(spec_path, "plan.built")
+    assert run_cli(spec_path).returncode == 0
+    spec["output"]["path"] = str(tmp_path / "unbroken")
+    other = tmp_path / "unbroken.yaml"
+    other.write_text(yaml.safe_dump(spec))
+    assert run_cli(other).returncode == 0
+    for name in [*shard_files(tmp_path / "out"), "../records.parquet"]:
+        kept = pl.read_parquet(tmp_path / "out" / "plan" / "shards" / name)
+        unbroken = pl.read_parquet(tmp_path / "unbroken" / "plan" / "shards" / name)
+        assert kept.equals(unbroken), name
+    kept_rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
+    assert kept_rejects.equals(pl.read_parquet(tmp_path / "unbroken" / "rejects.parquet"))
+
+
+def test_a_changed_spec_plans_afresh_and_leaves_no_shard_of_the_old_plan(job, tmp_path):
+    spec_path, spec, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.shard_written:3")
+    spec["plan"]["shard_records"] = 50  # 3 shards now, not 6
+    spec["prompt"]["template"] = "Ticket: {subject}\n\n{body}"
+    spec_path.write_text(yaml.safe_dump(spec))
+    rerun = run_cli(spec_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(shard_files(out)) == 3  # the old plan's shards 3-5 are gone
+    shard = pl.read_parquet(out / "plan" / "shards" / "shard-00000.parquet")
+    assert shard.height == 50
+    assert_exactly_once(str(out), "ticket_id", ids)
+
+
+def test_changed_input_plans_afresh(job, tmp_path):
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.shard_written:2")
+    extra = [{"ticket_id": f"n{i}", "subject": "new", "body": f"new {i}"} for i in range(30)]
+    write_records(tmp_path / "in" / "p2.parquet", extra)  # a file added since
+    rerun = run_cli(spec_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(shard_files(out)) == 8  # 150 records: planned again, with the new file
+    assert_exactly_once(str(out), "ticket_id", ids + [r["ticket_id"] for r in extra])
