@@ -81,7 +81,9 @@ def start_run(
     try:  # the encoding processes started below end with a failure here
         if planned_now:
             manifest = _plan(spec, output, encoder, stamp, progress)
-        elif spec.run.incremental and not as_worker:
+        elif spec.run.incremental and not as_worker and input_may_have_grown(spec, manifest):
+            # the input's files as they were when last planned hold no new record: their
+            # ids are not read again (a million ids and the plan's: 1-2 s of a resume)
             manifest = add_new_records(spec, output.plans, manifest, encoder, progress)
         committed = output.shards.committed()
         todo = [s["index"] for s in manifest["shards"]["each"] if s["index"] not in committed]

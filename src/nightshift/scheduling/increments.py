@@ -14,7 +14,8 @@ response cache (``cache.path``) is what answers it without generating.
 
 plan.json records the input's file listing (``input_listing``) at each plan and
 increment, so a run can tell without reading the input whether it may hold new records
-(``running.runner.work_may_be_left``, the engine's head start).
+(``input_may_have_grown``): a rerun over the same files reads no id at all, and the
+engine's head start (``running.runner.work_may_be_left``) goes by it too.
 
 Set ``run.incremental: false`` to make a rerun only resume. To generate everything
 again, run with ``--overwrite`` (replace) or ``--new-run`` (a fresh output beside it).
