@@ -9,6 +9,7 @@ plans nothing again; a changed spec or input plans afresh.
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from .conftest import spec_dict, write_records
-from .durable import assert_exactly_once, report, run_cli
+from .durable import NIGHTSHIFT, assert_exactly_once, report, run_cli
 
 RECORDS = 120
 
@@ -59,6 +60,10 @@ def test_a_rerun_writes_only_the_shard_files_the_killed_run_did_not(job, tmp_pat
     kill_at(spec_path, "plan.shard_written:2")
     before = shard_files(out)
     assert len(before) == 2 and (out / "plan" / "built.json").exists()
+    status = subprocess.run(
+        [*NIGHTSHIFT, "jobs", "status", str(out)], capture_output=True, text=True
+    )
+    assert status.returncode == 2 and "did not finish writing" in status.stderr
     assert not (out / "plan" / "plan.json").exists()
     records = (out / "plan" / "records.parquet").stat().st_mtime_ns
     rerun = run_cli(spec_path)

@@ -16,12 +16,18 @@ from nightshift.errors import UserError
 from nightshift.io.objectstore import open_store
 from nightshift.io.outputs import JobOutput
 from nightshift.io.parquetfiles import write_parts
+from nightshift.io.planstore import PLAN_DIR
 
 
 def output_status(location: str) -> dict[str, Any]:
     output = JobOutput(location)
     manifest = output.plans.manifest()
     if manifest is None:
+        if output.store.list(f"{PLAN_DIR}/"):  # a plan cut short: its run stopped writing it
+            raise UserError(
+                f"{location} holds a plan its run did not finish writing; rerun "
+                "`nightshift jobs run SPEC` to finish it (and the job)"
+            )
         raise UserError(f"{location} holds no nightshift plan (nothing was run there yet)")
     markers = output.shards.committed()
     shards = []
