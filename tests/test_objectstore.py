@@ -117,6 +117,18 @@ def test_put_file_and_download(store, tmp_path):
     assert store.list("files/") == ["files/big.bin"]
 
 
+def test_downloads_in_turn_to_one_path_leave_the_stored_files_as_they_were(store, tmp_path):
+    """A reader that downloads one file after another to the same scratch path (the
+    report reads every committed file so) gets each, and changes none of them."""
+    store.put_bytes("a.bin", b"first file")
+    store.put_bytes("b.bin", b"the second")
+    scratch = tmp_path / "part.bin"
+    assert store.download("a.bin", scratch).read_bytes() == b"first file"
+    assert store.download("b.bin", scratch).read_bytes() == b"the second"
+    assert store.get_bytes("a.bin") == b"first file"
+    assert store.get_bytes("b.bin") == b"the second"
+
+
 def test_put_file_is_all_or_nothing_to_a_reader(store, tmp_path):
     source = tmp_path / "big.bin"
     data = uuid.uuid4().bytes * (MULTIPART // 16 + 1)

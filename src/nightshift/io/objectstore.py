@@ -169,16 +169,12 @@ class LocalStore:
                 target.unlink(missing_ok=True)
 
     def download(self, key: str, path: Path) -> Path:
-        """``key``'s file at ``path``: a hard link where both are on one filesystem (a
-        store's files are never changed in place: every write publishes a new file under
-        the name, so the link keeps what was read), else a copy. A scratch file either
-        way: read it, never write to it; nothing is synced (a plan's shard was copied and
-        synced on every read, a few ms a shard)."""
+        """A copy of ``key``'s file at ``path``, a fresh file: a scratch copy, so nothing
+        is synced (a plan's shard was synced on every read, a few ms a shard)."""
         source, path = self.path(key), Path(path)
-        with contextlib.suppress(OSError):  # another filesystem, or links not allowed
-            os.link(source, path)
-            return path
-        with _open_source(source) as data, _os_errors("write", path), open(path, "wb") as out:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a new file, whatever was at that name before
+        with _open_source(source) as data, _os_errors("write", path), open(path, "xb") as out:
             shutil.copyfileobj(data, out, _COPY_CHUNK)
         return path
 
