@@ -119,3 +119,91 @@ def test_changed_input_plans_afresh(job, tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert len(shard_files(out)) == 8  # 150 records: planned again, with the new file
     assert_exactly_once(str(out), "ticket_id", ids + [r["ticket_id"] for r in extra])
+
+
+def test_a_plan_another_run_wrote_meanwhile_is_taken_up_never_deleted(job, tmp_path, monkeypatch):
+    """Two runs of one job start on a fresh output: the one that finishes planning second
+    takes up the other's plan (it deleted its plan.json and shard files under it)."""
+    import nightshift.running.runner as runner
+    from nightshift.jobs.fingerprint import plan_stamp
+    from nightshift.jobs.loading import validate_spec
+    from nightshift.pipelines.direct import run_job
+    from nightshift.scheduling.increments import input_listing
+    from nightshift.scheduling.plan import describe
+
+    _, spec, ids = job
+    spec = validate_spec(spec)
+    out = tmp_path / "out"
+    real = runner.build_plan
+
+    def other_run_first(spec, encoder, progress):  # the other run writes while this plans
+        plan = real(spec, encoder, progress)
+        summary = {**describe(plan, spec), **plan_stamp(spec), **encoder.identity().as_plan()}
+        runner.JobOutput(str(out)).plans.write(
+            plan, {**summary, "input_listing": input_listing(spec)}
+        )
+        return plan
+
+    monkeypatch.setattr(runner, "build_plan", other_run_first)
+    outcome = run_job(spec, progress=False)
+    assert outcome.report["shards"]["complete"]
+    assert len(shard_files(out)) == 6
+    assert_exactly_once(str(out), "ticket_id", ids)
+
+
+def test_a_stored_shard_file_that_is_not_whole_is_written_again(job, tmp_path):
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.shard_written:3")
+    (out / "plan" / "shards" / "shard-00001.parquet").write_bytes(b"")  # not a shard file
+    assert run_cli(spec_path).returncode == 0
+    assert pl.read_parquet(out / "plan" / "shards" / "shard-00001.parquet").height > 0
+    assert_exactly_once(str(out), "ticket_id", ids)
+
+
+@pytest.mark.parametrize("damage", ["a column gone", "a record gone"])
+def test_kept_keys_that_are_not_what_the_plan_wrote_are_planned_afresh(job, tmp_path, damage):
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.shard_written:2")
+    records = out / "plan" / "records.parquet"
+    frame = pl.read_parquet(records)
+    frame = frame.drop("_row") if damage == "a column gone" else frame.slice(1)
+    frame.write_parquet(records)
+    rerun = run_cli(spec_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert_exactly_once(str(out), "ticket_id", ids)
+
+
+def test_an_input_file_rewritten_with_its_size_and_time_is_planned_afresh(job, tmp_path):
+    """The listing (names, sizes, modification times) cannot see it; the rows can."""
+    import os
+
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    path = tmp_path / "in" / "p1.parquet"
+    before = pl.read_parquet(path)
+    for name in ("p0.parquet", "p1.parquet"):  # sizes that do not vary, types alike
+        one = tmp_path / "in" / name
+        pl.read_parquet(one).write_parquet(one, compression="uncompressed")
+    kill_at(spec_path, "plan.shard_written:3")
+    stat = path.stat()
+    rewritten = before.with_columns(pl.col("ticket_id").str.replace("^t", "u"))
+    rewritten.write_parquet(path, compression="uncompressed")
+    assert path.stat().st_size == stat.st_size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    rerun = run_cli(spec_path)
+    assert rerun.returncode == 0, rerun.stderr
+    new_ids = ids[:60] + rewritten["ticket_id"].to_list()
+    assert_exactly_once(str(out), "ticket_id", new_ids)
+
+
+def test_built_files_left_beside_a_written_plan_are_removed_by_the_resume(job, tmp_path):
+    spec_path, _, ids = job
+    out = tmp_path / "out"
+    kill_at(spec_path, "plan.before_manifest")
+    assert run_cli(spec_path, env={"NIGHTSHIFT_CRASH_AT": "shard.data_written"}).returncode
+    (out / "plan" / "built.json").write_text("{}")  # as a kill after plan.json leaves it
+    assert run_cli(spec_path).returncode == 0
+    assert not (out / "plan" / "built.json").exists()
+    assert_exactly_once(str(out), "ticket_id", ids)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from nightshift.errors import InputError
 from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.io.shardstore import shard_name
 from nightshift.memory import give_back_freed
@@ -107,11 +108,11 @@ def copy_shard_inputs(
     for index in range(len(plan.dataset.files)):
         _route_file(plan, index, targets, held, pieces)
     # each shard's keys, split once (a filter a shard read every record once a shard)
-    keys = plan.records.select("shard", "_file", "_row", "position")
+    keys = plan.records.select("shard", "_file", "_row", "position", "record_id")
     by_shard = keys.partition_by("shard", as_dict=True, include_key=False)
     for shard in shards:
         found = sorted((pieces / f"{shard:05d}").glob("*.parquet"))
-        _write_shard(by_shard[(shard,)], shard, found, root)
+        _write_shard(by_shard[(shard,)], plan.columns[0], found, root / shard_file(shard))
         put(shard, root / shard_file(shard))
         give_back_freed()  # memory holds one shard at a time
     _write_rejects(plan, sorted((pieces / "rejects").glob("*.parquet")), root)
@@ -150,13 +151,24 @@ def _write_piece(frame: pl.DataFrame, path: Path) -> None:
     frame.write_parquet(path)
 
 
-def _write_shard(keys: pl.DataFrame, shard: int, found: list[Path], root: Path) -> None:
+def _write_shard(keys: pl.DataFrame, id_column: str, found: list[Path], path: Path) -> None:
     """A shard's input columns in run order, and its records' plan positions (``keys``:
-    the shard's ``_file``, ``_row`` and ``position``)."""
+    the shard's ``_file``, ``_row``, ``position`` and ``record_id``). Refused where the
+    rows found there are not the records planned: an input file changed since."""
     positions = keys.sort("_file", "_row")["position"]  # the pieces' order
-    frame = pl.read_parquet(found)[positions.arg_sort()]
+    frame = pl.read_parquet(found) if found else pl.DataFrame()
+    if frame.height == keys.height:
+        frame = frame[positions.arg_sort()]
+    planned = keys.sort("position")["record_id"]
+    if frame.height != keys.height or not frame[id_column].equals(
+        planned, check_names=False, check_dtypes=False
+    ):
+        raise InputError(
+            "input.path: an input file no longer holds the records its plan was made "
+            "from (it changed while the plan was written); run the job again"
+        )
     frame = frame.with_columns(positions.sort().alias(POSITION))
-    frame.write_parquet(root / shard_file(shard), row_group_size=SHARD_ROW_GROUP)
+    frame.write_parquet(path, row_group_size=SHARD_ROW_GROUP)
 
 
 def _write_rejects(plan: Plan, found: list[Path], root: Path) -> None:

@@ -52,8 +52,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from polars.exceptions import PolarsError
 
-from nightshift.errors import ObjectNotFound
+from nightshift.errors import ObjectNotFound, OutputExistsError
 from nightshift.faults import crash_point
 from nightshift.io.objectstore import ObjectStore
 from nightshift.io.planfiles import (
@@ -76,6 +77,8 @@ CANARY_DIR = "canary"  # the canary's two sample runs and the answers the job ke
 BUILT = f"{PLAN_DIR}/built.json"
 BUILT_REJECTS = f"{PLAN_DIR}/built-rejects.parquet"
 SHARDS_DIR = f"{PLAN_DIR}/shards/"
+KEPT_RECORDS = {"shard", "position", "record_id", "_file", "_row"}  # what the files need
+KEPT_REJECTS = {"_file", "_row", "reason", "reject_kind"}
 
 
 @dataclass
@@ -115,11 +118,11 @@ class PlanStore:
         first = increment == 0
         if first and not isinstance(plan, KeptPlan):
             self._keep_built(plan, manifest, names["records"])
-        stored = set(self.store.list(SHARDS_DIR)) if isinstance(plan, KeptPlan) else set()
+        stored = self._whole_shards(plan) if isinstance(plan, KeptPlan) else set()
         with tempfile.TemporaryDirectory(prefix="nightshift-plan-") as tmp:
             local = Path(tmp)
             (local / "shards").mkdir()
-            todo = [s for s in plan.shards if self.shard_key(s) not in stored]
+            todo = [s for s in plan.shards if s not in stored]
             copy_shard_inputs(plan, local, todo, self._put_shard)
             if not first:
                 plan.records.write_parquet(local / "records.parquet")
@@ -135,9 +138,15 @@ class PlanStore:
         """Store the plan's keys and its plan.json to be, built.json last. The files of
         another plan cut short here are deleted first: this plan writes its own shard
         files. Another run building this same plan (the same job over the same input
-        files) writes the same files: its are left in place."""
+        files) writes the same files: its are left in place. A plan.json written here
+        meanwhile (by another run) is never touched: this plan is refused."""
+        if self.manifest() is not None:
+            raise OutputExistsError(
+                f"output.path: {self.store.uri('')} got a plan from another run while this "
+                "one planned; rerun the same command to take that plan up"
+            )
         if not self._built_here(manifest.get("fingerprint"), manifest.get("input_listing")):
-            self.store.delete([MANIFEST, BUILT, *self.store.list(SHARDS_DIR)])
+            self.store.delete([BUILT, *self.store.list(SHARDS_DIR)])
         self.store.put_written(records_key, plan.records.write_parquet)
         self.store.put_written(BUILT_REJECTS, plan.rejects.write_parquet)
         self.store.put_bytes(BUILT, json.dumps(manifest, indent=2).encode())
@@ -154,6 +163,34 @@ class PlanStore:
             return None
         same = built.get("input_listing") == listing and built.get("fingerprint") == fingerprint
         return built if same else None
+
+    def _whole_shards(self, plan: KeptPlan) -> set[int]:
+        """The shards of ``plan`` whose files an earlier run stored whole: a Parquet
+        file of the shard's records, no fewer, no more (another is written again)."""
+        stored = set(self.store.list(SHARDS_DIR))
+        counts = dict(plan.records.group_by("shard").len().iter_rows())
+        whole = set()
+        for shard in plan.shards:
+            if self.shard_key(shard) not in stored:
+                continue
+            try:
+                footer = pq.read_metadata(BytesIO(self.store.get_bytes(self.shard_key(shard))))
+            except (ObjectNotFound, OSError, pa.ArrowException):
+                continue
+            if footer.num_rows == counts[shard] and POSITION in footer.schema.names:
+                whole.add(shard)
+        return whole
+
+    def unwrite(self) -> None:
+        """Delete plan.json, for a plan that is to be replaced (``jobs plan --write``
+        over a plan nothing ran): its files are then another plan's cut short."""
+        self.store.delete([MANIFEST])
+
+    def forget_built(self) -> None:
+        """Delete built.json and its rejects' keys, left by a run killed after it wrote
+        plan.json (which supersedes them)."""
+        if self.store.exists(BUILT) or self.store.exists(BUILT_REJECTS):
+            self.store.delete([BUILT, BUILT_REJECTS])
 
     def _put_shard(self, shard: int, path: Path) -> None:
         self.store.put_file(self.shard_key(shard), path)
@@ -173,15 +210,12 @@ class PlanStore:
         try:
             records = pl.read_parquet(BytesIO(self.store.get_bytes(built["records_files"][0])))
             rejects = pl.read_parquet(BytesIO(self.store.get_bytes(BUILT_REJECTS)))
-        except (
-            ObjectNotFound,
-            KeyError,
-            IndexError,
-            TypeError,
-            OSError,
-            pl.exceptions.PolarsError,
-        ):
+            counted = (built["records"]["runnable"], built["records"]["rejected"])
+        except (ObjectNotFound, KeyError, IndexError, TypeError, ValueError, OSError, PolarsError):
             return None  # not whole after all: planned afresh
+        whole = set(records.columns) >= KEPT_RECORDS and set(rejects.columns) >= KEPT_REJECTS
+        if not whole or (records.height, rejects.height) != counted:
+            return None  # not what that plan wrote: planned afresh
         return records, rejects, built
 
     def manifest(self) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nightshift.engines.tokenizerid import TokenizerIdentity
-from nightshift.errors import OutputExistsError, ShardsFailedError
+from nightshift.errors import InputError, OutputExistsError, ShardsFailedError
 from nightshift.io.outputs import JobOutput, new_run_location
 from nightshift.io.planstore import KeptPlan
 from nightshift.jobs.fingerprint import changed_keys, plan_stamp
@@ -78,6 +78,8 @@ def start_run(
             "run `nightshift jobs plan SPEC --write` (or `jobs run`) first"
         )
     planned_now = manifest is None
+    if not planned_now:
+        output.plans.forget_built()  # left by a run killed just after writing plan.json
     try:  # the encoding processes started below end with a failure here
         if planned_now:
             manifest = _plan(spec, output, encoder, stamp, progress)
@@ -108,11 +110,16 @@ def _plan(
     listing = {"input_listing": input_listing(spec)}  # before reading (increments)
     kept = output.plans.kept(stamp["fingerprint"], listing["input_listing"])
     if kept is not None:  # built by a run stopped while it wrote the plan's files
-        records, rejects, summary = kept
-        plan: Any = KeptPlan(*open_job_input(spec), records, rejects)
-    else:
-        plan = build_plan(spec, encoder, progress)
-        summary = {**describe(plan, spec), **stamp, **listing, **encoder.identity().as_plan()}
+        try:
+            output.plans.write(KeptPlan(*open_job_input(spec), *kept[:2]), kept[2])
+            return output.plans.manifest()
+        except InputError:  # its input changed after all (same size and time): plan again
+            output.plans.forget_built()
+    plan = build_plan(spec, encoder, progress)
+    if output.plans.manifest() is not None:  # another run wrote its plan meanwhile: take
+        # it up where it is this job's (refused where it is another job's)
+        return _resumable_plan(output, stamp, False, lambda: None)
+    summary = {**describe(plan, spec), **stamp, **listing, **encoder.identity().as_plan()}
     output.plans.write(plan, summary)  # before generation
     return output.plans.manifest()
 

@@ -44,6 +44,7 @@ def plan_summary(
                 f"output.path: {spec.output.path} holds a run; writing a plan there would "
                 "replace its plan under it; choose another output.path"
             )
+        output.plans.unwrite()  # a plan written here before (nothing ran it): replaced
         summary["written_to"] = output.plans.write(
             plan, {**summary, **plan_stamp(spec), **encoder.identity().as_plan()}
         )
