@@ -162,3 +162,38 @@ def output_status_or_empty(location: str) -> list[int]:
     except UserError:
         return []
     return [s["index"] for s in status["each"] if s["state"] == "done"]
+
+
+def tickets(count: int, subjects: int, repeats: int) -> list[dict]:
+    """``count`` small tickets: ``subjects`` distinct subjects, bodies of 1 to ``repeats``
+    words."""
+    return [
+        {
+            "ticket_id": f"t{i:03d}",
+            "subject": f"s{i % subjects}",
+            "body": f"body {i} " * (1 + i % repeats),
+        }
+        for i in range(count)
+    ]
+
+
+def fake_job(models, tmp_path: Path, rows: list[dict], files: int, shard_records: int):
+    """``rows`` in ``files`` input files of equal size, as a job on the fake engine with
+    shards of ``shard_records`` and chunks of 8: its spec file, spec and input ids."""
+    import yaml
+
+    from .conftest import spec_dict, write_records
+
+    size = len(rows) // files
+    for n in range(files):
+        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * size : (n + 1) * size])
+    spec = spec_dict(
+        models["chat"],
+        tmp_path / "in",
+        tmp_path / "out",
+        plan={"shard_records": shard_records},
+        run={"chunk_records": 8, "engine": "fake"},
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, spec, [r["ticket_id"] for r in rows]

@@ -20,15 +20,16 @@ from nightshift.jobs.loading import validate_spec
 from nightshift.jobs.status import output_status
 from nightshift.pipelines.direct import run_job
 
-from .conftest import spec_dict, write_records
 from .durable import (
     NIGHTSHIFT,
     assert_exactly_once,
+    fake_job,
     generated_prompts,
     output_status_or_empty,
     report,
     run_cli,
     shard_prompts,
+    tickets,
 )
 
 RECORDS = 150
@@ -37,26 +38,11 @@ RECORDS = 150
 @pytest.fixture
 def job(models, tmp_path):
     """150 tickets (3 of them rejects) in 3 files; 4 shards of 40; chunks of 8."""
-    rows = [
-        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 7}", "body": f"body {i} " * (1 + i % 9)}
-        for i in range(RECORDS)
-    ]
+    rows = tickets(RECORDS, subjects=7, repeats=9)
     rows[5]["body"] = None
     rows[77]["body"] = "long " * 3000
     rows[120]["ticket_id"] = "t001"  # a duplicate
-    for n in range(3):
-        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * 50 : (n + 1) * 50])
-    spec = spec_dict(
-        models["chat"],
-        tmp_path / "in",
-        tmp_path / "out",
-        plan={"shard_records": 40},
-        run={"chunk_records": 8, "engine": "fake"},
-    )
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    ids = [r["ticket_id"] for r in rows]
-    return path, spec, ids
+    return fake_job(models, tmp_path, rows, files=3, shard_records=40)
 
 
 CRASH_POINTS = [

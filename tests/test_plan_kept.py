@@ -16,8 +16,8 @@ import polars as pl
 import pytest
 import yaml
 
-from .conftest import spec_dict, write_records
-from .durable import NIGHTSHIFT, assert_exactly_once, report, run_cli
+from .conftest import write_records
+from .durable import NIGHTSHIFT, assert_exactly_once, fake_job, report, run_cli, tickets
 
 RECORDS = 120
 
@@ -25,23 +25,9 @@ RECORDS = 120
 @pytest.fixture
 def job(models, tmp_path):
     """120 tickets in 2 files, 1 of them a reject; 6 shards of 20."""
-    rows = [
-        {"ticket_id": f"t{i:03d}", "subject": f"s{i % 5}", "body": f"body {i} " * (1 + i % 7)}
-        for i in range(RECORDS)
-    ]
+    rows = tickets(RECORDS, subjects=5, repeats=7)
     rows[9]["body"] = None
-    for n in range(2):
-        write_records(tmp_path / "in" / f"p{n}.parquet", rows[n * 60 : (n + 1) * 60])
-    spec = spec_dict(
-        models["chat"],
-        tmp_path / "in",
-        tmp_path / "out",
-        plan={"shard_records": 20},
-        run={"chunk_records": 8, "engine": "fake"},
-    )
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path, spec, [r["ticket_id"] for r in rows]
+    return fake_job(models, tmp_path, rows, files=2, shard_records=20)
 
 
 def shard_files(out: Path) -> dict[str, int]:
