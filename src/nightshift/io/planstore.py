@@ -138,7 +138,7 @@ class PlanStore:
         """Store the plan's keys and its plan.json to be, built.json last. The files of
         another plan cut short here are deleted first: this plan writes its own shard
         files. Another run building this same plan (the same job over the same input
-        files) writes the same files: its are left in place. A plan.json written here
+        files) writes the same files: those are left in place. A plan.json written here
         meanwhile (by another run) is never touched: this plan is refused."""
         if self.manifest() is not None:
             raise OutputExistsError(
@@ -188,9 +188,8 @@ class PlanStore:
 
     def forget_built(self) -> None:
         """Delete built.json and its rejects' keys, left by a run killed after it wrote
-        plan.json (which supersedes them)."""
-        if self.store.exists(BUILT) or self.store.exists(BUILT_REJECTS):
-            self.store.delete([BUILT, BUILT_REJECTS])
+        plan.json (which supersedes them): one delete, of nothing where none are."""
+        self.store.delete([BUILT, BUILT_REJECTS])
 
     def _put_shard(self, shard: int, path: Path) -> None:
         self.store.put_file(self.shard_key(shard), path)
