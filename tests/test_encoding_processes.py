@@ -306,7 +306,8 @@ def test_a_run_starts_its_encoding_processes_before_it_plans_and_its_feed_takes_
     models, tmp_path, monkeypatch
 ):
     """A child loads its tokenizer while the plan is built, not after the feed starts
-    (seconds of batches encoded beside the engine); the feed takes those very children."""
+    (seconds of batches encoded beside the engine), and is lent to the plan meanwhile;
+    the feed takes those very children."""
     monkeypatch.setattr(encoding, "ENCODE_PROCESSES_FROM", 2000)
     monkeypatch.delenv("NIGHTSHIFT_ENCODE_PROCESSES", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -314,8 +315,8 @@ def test_a_run_starts_its_encoding_processes_before_it_plans_and_its_feed_takes_
     spec = validate_spec(data)
     started, build = [], runner.build_plan
 
-    def planning(spec, encoder, progress):
-        started.extend(_spare_pids(spec))
+    def planning(spec, encoder, progress, helpers):
+        started.extend(c.process.pid for c in helpers.children)  # lent to the plan
         return build(spec, encoder, progress)
 
     monkeypatch.setattr(runner, "build_plan", planning)
@@ -335,7 +336,8 @@ def test_encoding_processes_no_feed_takes_are_closed(models, tmp_path, monkeypat
     data = spec_dict(models["chat"], tickets(tmp_path / "in", 300), tmp_path / "out")
     data["run"] = {"encode_processes": 1}
     spec = validate_spec(data)
-    monkeypatch.setattr(runner, "build_plan", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+    failing = lambda *a, **k: (_ for _ in ()).throw(OSError("disk"))  # noqa: E731
+    monkeypatch.setattr(runner, "build_plan", failing)
     seen = []
     monkeypatch.setattr(runner, "input_listing", lambda s: seen.extend(_spare_pids(s)) or "x")
     with pytest.raises(OSError, match="disk"):

@@ -122,8 +122,8 @@ def test_a_plan_another_run_wrote_meanwhile_is_taken_up_never_deleted(job, tmp_p
     out = tmp_path / "out"
     real = runner.build_plan
 
-    def other_run_first(spec, encoder, progress):  # the other run writes while this plans
-        plan = real(spec, encoder, progress)
+    def other_run_first(spec, encoder, progress, **more):  # the other run writes meanwhile
+        plan = real(spec, encoder, progress, **more)
         summary = {**describe(plan, spec), **plan_stamp(spec), **encoder.identity().as_plan()}
         runner.JobOutput(str(out)).plans.write(
             plan, {**summary, "input_listing": input_listing(spec)}

@@ -9,7 +9,9 @@ encodes them with its own copy of the job's encoder (the same tokenizer, the sam
 template: the same ids), and sends back the ids as one flat array. Until a child has
 loaded its tokenizer (seconds) batches are encoded here, so starting one never delays
 the first request. A run starts its children before it plans (``start_spare``), so
-they have loaded by the time the first batch is fed; the feed takes them over.
+they have loaded by the time the first batch is fed; the feed takes them over. Until
+then a first plan borrows them (``lend_spare``) to measure slices of the input beside
+it (``scheduling.firstpass``): they would be idle, and the plan is the same.
 
 A child reads its batches from a pipe the run alone writes to: when the run ends, or is
 killed, the pipe closes and the child exits.
@@ -23,13 +25,10 @@ import itertools
 import os
 import pickle
 import queue
-import signal
 import subprocess
 import sys
 import threading
-import time
-from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 
 import polars as pl
@@ -38,8 +37,10 @@ import pyarrow as pa
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import NightshiftError
 from nightshift.jobs.spec import JobSpec
+from nightshift.scheduling.firstpass import Handoff, Part, Where
 from nightshift.scheduling.render import renderer_for, rows
 
+MEASURING_PER_CHILD = 2  # a first plan's slices a child holds at once: one more waits
 ENCODE_PROCESSES_FROM = 20_000  # records in a job before its batches go to processes
 ANSWER_WITHIN_S = 120.0  # a batch takes well under a second; a child past this is stuck
 SPARE_FOR_S = 600.0  # children started ahead that no feed took by then are closed
@@ -65,6 +66,7 @@ class LocalEncoding:
 
     def __init__(self, spec: JobSpec, encoder: PromptEncoder) -> None:
         self.renderer, self.encoder = renderer_for(spec, encoder), encoder
+        self.spec = spec
 
     def submit(self, records: pa.Table) -> Encoded:
         pieces = self.renderer.pieces(pl.from_arrow(records))  # type: ignore[arg-type]
@@ -143,6 +145,60 @@ def start_spare(spec: JobSpec, encoder: PromptEncoder, records: int) -> None:
     timer.start()
 
 
+@contextlib.contextmanager
+def lend_spare(spec: JobSpec) -> Iterator[PlanHelpers | None]:
+    """The children started ahead for ``spec``, lent to its first plan while it measures
+    the input (``scheduling.firstpass``; None where there are none), then kept for its
+    feed as before (or closed, where others were started for it meanwhile)."""
+    children = _take_spare(spec)
+    try:
+        yield PlanHelpers(children) if children else None
+    finally:
+        if children:
+            with _spares_lock:
+                kept = _spares.setdefault(pickle.dumps(spec), children) is children
+            if not kept:
+                _kill_all(children)
+
+
+class PlanHelpers:
+    """Spare children measuring a first plan's slices (``scheduling.firstpass``'s
+    ``MeasureHelpers``): a slice goes to a child that is ready and holds fewer than
+    ``MEASURING_PER_CHILD``; the plan measures the others itself."""
+
+    def __init__(self, children: list[_Child]) -> None:
+        self.children = children
+        self.count = len(children)
+        self.sent = 0  # slices sent to a child (the others were measured in the run)
+
+    def submit(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> _Measuring | None:
+        for child in self.children:
+            if child.ready() and child.measuring < MEASURING_PER_CHILD:
+                self.sent += 1
+                return child.measure(batch, at, handoff)
+        return None
+
+
+class _Measuring:
+    """A slice a child measures; ``result`` is None where it could not (the plan then
+    measures it itself, and meets there any error the child met)."""
+
+    def __init__(self, child: _Child) -> None:
+        self.child = child
+        child.measuring += 1
+
+    def done(self) -> bool:
+        return self.child.answered()
+
+    def result(self) -> Part | None:
+        answer = self.child.answer()
+        self.child.measuring -= 1
+        if answer is None or answer[0] != "measured":
+            return None
+        _, keys, lowest, highest = answer
+        return (pl.read_ipc(keys) if keys is not None else None), lowest, highest
+
+
 def _take_spare(spec: JobSpec) -> list[_Child] | None:
     with _spares_lock:
         return _spares.pop(pickle.dumps(spec), None)
@@ -170,6 +226,8 @@ def _kill_all(children: list[_Child]) -> None:
 
 
 _GONE = object()  # a child's answers: it ended
+CHILD = "nightshift.running.encodingchild"  # what a child runs
+ENCODE, MEASURE = b"E", b"M"  # a job's first byte: records to encode, a slice to measure
 PIPE_BYTES = 1 << 20  # a pipe's size where Linux allows it (64 KiB by default)
 
 
@@ -184,7 +242,7 @@ def _roomy(fd: int) -> None:
 
 
 class _Child:
-    """One encoding process (``python -m nightshift.running.encoding``, never a fork of
+    """One encoding process (``python -m nightshift.running.encodingchild``, never a fork of
     the threaded run, nor a re-run of its main module); a thread of the run drains its
     answers as they come, so neither side blocks on a full pipe while the other waits."""
 
@@ -194,7 +252,7 @@ class _Child:
         _roomy(jobs_write)
         _roomy(answers_write)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(jobs_read), str(answers_write), str(os.getpid())],
+            [sys.executable, "-m", CHILD, str(jobs_read), str(answers_write), str(os.getpid())],
             pass_fds=(jobs_read, answers_write),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -208,6 +266,7 @@ class _Child:
         self._answers: queue.SimpleQueue = queue.SimpleQueue()
         self._state = "starting"  # then "ready", or "gone" once its pipe closed
         self._abandoned = False  # timed out: killed, and its answers never read again
+        self.measuring = 0  # a first plan's slices sent and not yet taken (PlanHelpers)
         # Both pipe ends are served by threads of their own: a child that stops reading
         # (frozen, or slow to start with a large spec) never blocks the run's feed.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -241,22 +300,23 @@ class _Child:
 
     def send(self, records: pa.Table) -> Encoded:
         sink = pa.BufferOutputStream()
+        sink.write(ENCODE)
         with pa.ipc.new_stream(sink, records.schema) as writer:
             writer.write_table(records)
         self._outbox.put(sink.getvalue())
         return lambda: self._take(records)
 
+    def measure(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> _Measuring:
+        """``batch`` measured for the plan's first pass (``scheduling.firstpass``)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        self._outbox.put(MEASURE + pickle.dumps((handoff, at, sink.getvalue().to_pybytes())))
+        return _Measuring(self)
+
     def _take(self, records: pa.Table) -> list[list[int]]:
-        if self._abandoned:  # any answer still to come may be a late one: never read
-            return self.local.submit(records)()
-        try:
-            answer = self._answers.get(timeout=ANSWER_WITHIN_S)
-        except queue.Empty:  # a child this slow is stuck: it goes, its batches come here
-            self._abandoned = True
-            self.process.kill()
-            return self.local.submit(records)()
-        if answer is _GONE:  # it ended with this batch unanswered: encoded here instead
-            self._answers.put(_GONE)
+        answer = self.answer()
+        if answer is None:  # its batch is encoded here instead
             return self.local.submit(records)()
         lengths, flat = answer
         if isinstance(lengths, str):
@@ -267,6 +327,26 @@ class _Child:
             out.append(ids[at : at + n])
             at += n
         return out
+
+    def answered(self) -> bool:
+        """Whether the next answer is there (or the child is past answering)."""
+        return self._abandoned or not self._answers.empty()
+
+    def answer(self):
+        """The answer to the oldest job sent and not yet answered; None where the child
+        is past answering (gone, or stuck and killed)."""
+        if self._abandoned:  # any answer still to come may be a late one: never read
+            return None
+        try:
+            answer = self._answers.get(timeout=ANSWER_WITHIN_S)
+        except queue.Empty:  # a child this slow is stuck: it goes, its jobs come here
+            self._abandoned = True
+            self.process.kill()
+            return None
+        if answer is _GONE:  # it ended with this job unanswered
+            self._answers.put(_GONE)
+            return None
+        return answer
 
     def finish(self) -> None:
         """No more batches: the writer ends, then the pipe closes and the child exits."""
@@ -289,47 +369,3 @@ class _Child:
             self.process.wait()
         self._reader.join(timeout=5)
         self.answers.close()
-
-
-def serve(jobs: Connection, answers: Connection, parent: int) -> None:
-    """A child's loop: the job's spec, its encoder, then one answer per batch until the
-    run closes the pipe, or is gone (an engine process forked from the run may hold the
-    pipe open after the run died)."""
-    from nightshift.scheduling.plan import load_encoder
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's to handle
-    threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()
-    try:
-        spec, identity = pickle.loads(jobs.recv_bytes())
-        local = LocalEncoding(spec, load_encoder(spec, like=identity))
-    except Exception:  # noqa: BLE001 - the run loaded it: it encodes in its thread instead
-        return
-    answers.send("ready")
-    while True:
-        try:
-            data = jobs.recv_bytes()
-        except (EOFError, OSError):
-            return
-        try:
-            ids = local.submit(pa.ipc.open_stream(data).read_all())()
-            flat: list[int] = []
-            for one in ids:
-                flat += one
-            answer = (array("i", map(len, ids)), array("i", flat))
-        except Exception as exc:  # noqa: BLE001 - told to the run, which stops on it
-            answer = (f"{type(exc).__name__}: {exc}", None)
-        answers.send(answer)
-
-
-def _exit_without(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    jobs_fd, answers_fd, parent = (int(a) for a in sys.argv[1:4])
-    serve(Connection(jobs_fd, writable=False), Connection(answers_fd, readable=False), parent)
-    # every answer is written (Connection.send returns once it is): nothing is left to
-    # flush, and the tokenizer's and polars' teardown took a second of every run's end
-    os._exit(0)

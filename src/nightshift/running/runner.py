@@ -20,7 +20,7 @@ from nightshift.io.outputs import JobOutput, new_run_location
 from nightshift.io.planstore import KeptPlan
 from nightshift.jobs.fingerprint import changed_keys, plan_stamp
 from nightshift.jobs.spec import JobSpec
-from nightshift.running.encoding import close_spare, start_spare
+from nightshift.running.encoding import close_spare, lend_spare, start_spare
 from nightshift.running.progress import LiveProgress
 from nightshift.running.shards import ShardRunner
 from nightshift.scheduling.increments import add_new_records, input_listing, input_may_have_grown
@@ -115,7 +115,8 @@ def _plan(
             return output.plans.manifest()
         except InputError:  # its input changed after all (same size and time): plan again
             output.plans.forget_built()
-    plan = build_plan(spec, encoder, progress)
+    with lend_spare(spec) as helpers:  # idle until the plan is written: they measure
+        plan = build_plan(spec, encoder, progress, helpers=helpers)
     if output.plans.manifest() is not None:  # another run wrote its plan meanwhile: take
         # it up where it is this job's (refused where it is another job's)
         return _resumable_plan(output, stamp, False, lambda: None)

@@ -5,11 +5,20 @@ Each input file is read once, in order, a read batch at a time; each batch is me
 key row (where it is, its id, tokens; with dedup its digest), never its text. Its
 chunk keys go to a file (``scheduling.chunkkeys``) under its number there, ``_seq``. An
 increment skips the records an earlier plan already has.
+
+A first plan hands slices to helper processes where the run lends it some (``helpers``:
+the feed's encoding processes, idle until the plan is written, ``running.encoding``).
+A helper measures a slice exactly as this process would, with the token estimate this
+process calibrated on the first records, so the plan is the same with or without them;
+a slice a helper cannot measure (busy, not ready, gone) is measured here, and the parts
+are kept in input order whoever measured them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from typing import NamedTuple, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -18,6 +27,7 @@ from tqdm.auto import tqdm
 
 from nightshift.console import screen
 from nightshift.io.inputs import READ_BATCH, file_batches
+from nightshift.scheduling.budget import TailEstimate
 from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import with_digests
 from nightshift.scheduling.known import KnownIds
@@ -27,6 +37,39 @@ from nightshift.scheduling.measure import RecordMeasurer
 # holds a few KB while it is measured (its pieces, text, chunks, ids): 8,192 of them, not
 # a read batch of 32,768, kept 0.09 GiB off the plan's peak at a million records.
 MEASURE_BATCH = 8192
+WAITING_PER_HELPER = 3  # slices measured, or being measured, ahead of the parts kept
+
+
+class Handoff(NamedTuple):
+    """What a helper needs besides a slice to measure it as the plan would."""
+
+    block_size: int
+    tail: TailEstimate  # calibrated on the first records: every slice is estimated alike
+    digests: bool  # dedup: each record's exact-repeat key too
+
+
+# A slice's key rows (None: every record was planned before), and the smallest and
+# largest leading chunk its measurer saw (``RecordMeasurer.seen_start``).
+Part = tuple[pl.DataFrame | None, bytes | None, bytes | None]
+Where = tuple[int, int]  # a slice's input file and its first row there
+
+
+class Measuring(Protocol):
+    """A slice being measured by a helper: ``result`` waits for it (None: it could not,
+    and the slice is measured here)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Part | None: ...
+
+
+class MeasureHelpers(Protocol):
+    """Processes lent to a first plan to measure slices beside it."""
+
+    count: int  # how many there are
+
+    def submit(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> Measuring | None:
+        """``batch`` sent to a free helper; None where none is free."""
 
 
 def measure_input(
@@ -37,10 +80,13 @@ def measure_input(
     skip: KnownIds | None,
     chunks: ChunkKeys,
     digests: bool = False,
+    helpers: MeasureHelpers | None = None,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys; its
-    chunk keys are added to ``chunks``, record ``_seq`` there."""
-    parts = []
+    chunk keys are added to ``chunks``, record ``_seq`` there. ``helpers`` measure
+    slices of a first plan beside this process (an increment's are all measured here)."""
+    lent = helpers if skip is None and helpers is not None and helpers.count else None
+    first = _FirstPass(measurer, chunks, skip, digests, lent)
     bar = tqdm(
         total=dataset.count_rows(),
         desc="plan",
@@ -52,15 +98,13 @@ def measure_input(
         row = 0
         for batch in file_batches(dataset, index, columns, READ_BATCH):
             for start, piece in _slices(batch, measurer):
-                part = _measure_part(measurer, piece, index, row + start, skip, digests)
-                if part is not None:
-                    keys = part.drop_in_place("_chunks") if "_chunks" in part.columns else None
-                    chunks.add(keys, part.height)
-                    parts.append(part)
+                first.add(piece, (index, row + start))
             row += batch.num_rows
             bar.update(batch.num_rows)
+    first.finish()
     bar.close()
     empty = {"_file": pl.UInt32, "_row": pl.UInt32, "reject_kind": pl.String}
+    parts = first.parts
     keys = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame(schema=empty)
     # A batch with no runnable record has no token or chunk columns: type them anyway.
     types = {"tokens": pl.Int64, "exact": pl.Boolean, "reason": pl.String}
@@ -68,6 +112,82 @@ def measure_input(
     types["record_id"] = pl.from_arrow(dataset.schema.empty_table())[columns[0]].dtype
     missing = [pl.lit(None, dtype=t).alias(n) for n, t in types.items() if n not in keys.columns]
     return keys.with_columns(missing).with_row_index("_seq")  # parts were added in order
+
+
+class _FirstPass:
+    """The parts measured so far, in input order, whoever measured them; the slices
+    still being measured wait in ``waiting``."""
+
+    def __init__(
+        self,
+        measurer: RecordMeasurer,
+        chunks: ChunkKeys,
+        skip: KnownIds | None,
+        digests: bool,
+        helpers: MeasureHelpers | None,
+    ) -> None:
+        self.measurer, self.chunks, self.skip, self.digests = measurer, chunks, skip, digests
+        self.helpers = helpers
+        self.parts: list[pl.DataFrame] = []
+        # (a helper's slice, or None: measured here) with its slice and its part
+        self.waiting: deque[tuple[Measuring | None, pa.RecordBatch, Where, Part | None]] = deque()
+        self.at_most = WAITING_PER_HELPER * (1 + (helpers.count if helpers else 0))
+
+    def add(self, piece: pa.RecordBatch, at: Where) -> None:
+        """Measure ``piece``: by a free helper once the estimate is calibrated (the first
+        records calibrate it, here), else here; keep what is measured at the head."""
+        sent = None
+        if self.helpers is not None and self.measurer.tail is not None:
+            handoff = Handoff(self.measurer.block_size, self.measurer.tail, self.digests)
+            sent = self.helpers.submit(piece, at, handoff)
+        self.waiting.append((sent, piece, at, None if sent else self._here(piece, at)))
+        while self.waiting and (len(self.waiting) > self.at_most or self._head_done()):
+            self._keep(*self.waiting.popleft())
+
+    def finish(self) -> None:
+        while self.waiting:
+            self._keep(*self.waiting.popleft())
+
+    def _head_done(self) -> bool:
+        sent = self.waiting[0][0]
+        return sent is None or sent.done()
+
+    def _here(self, piece: pa.RecordBatch, at: Where) -> Part:
+        return _measure_part(self.measurer, piece, *at, self.skip, self.digests), None, None
+
+    def _keep(
+        self, sent: Measuring | None, piece: pa.RecordBatch, at: Where, part: Part | None
+    ) -> None:
+        if sent is not None:
+            part = sent.result()
+            if part is None:  # its helper could not: measured here after all
+                part = self._here(piece, at)
+            else:  # a helper's: what it saw joins what this measurer saw
+                self.measurer.merge_start(part[1], part[2])
+                self.measurer.exact_records += _exact_records(part[0])
+        keys = part[0] if part is not None else None
+        if keys is not None:
+            chunk_keys = keys.drop_in_place("_chunks") if "_chunks" in keys.columns else None
+            self.chunks.add(chunk_keys, keys.height)
+            self.parts.append(keys)
+
+
+def _exact_records(keys: pl.DataFrame | None) -> int:
+    """Records whose tokens were counted, in a helper's part (as ``RecordMeasurer``
+    counts its own)."""
+    if keys is None or "exact" not in keys.columns:
+        return 0
+    return int(keys["exact"].sum() or 0)
+
+
+def measure_handed(
+    measurer: RecordMeasurer, batch: pa.RecordBatch, at: Where, handoff: Handoff
+) -> Part:
+    """In a helper: ``batch`` measured as the plan's own measurer would (``handoff``)."""
+    measurer.tail = handoff.tail
+    measurer.seen_start()  # only this slice's start goes back
+    part = _measure_part(measurer, batch, *at, None, handoff.digests)
+    return (part, *measurer.seen_start())
 
 
 def _slices(

@@ -45,6 +45,7 @@ class RecordMeasurer:
         self.sampling = sampling_column(spec)  # per-record sampling, or None
         self.spec = spec
         self.limit = spec.model.max_model_len
+        self.block_size = block_size
         self.chunk = chunk_bytes(block_size)
         self.tail: TailEstimate | None = None
         self.exact_records = 0
@@ -60,6 +61,20 @@ class RecordMeasurer:
         if self.first is None or self._lowest is None or self._highest is None:
             return [""]
         return cut_pieces(self.first, common_length(self._lowest, self._highest))
+
+    def seen_start(self) -> tuple[bytes | None, bytes | None]:
+        """The smallest and largest leading chunk measured since the last call (a
+        helper process's slice: ``merge_start`` adds them to the plan's measurer)."""
+        seen = self._lowest, self._highest
+        self._lowest = self._highest = None
+        return seen
+
+    def merge_start(self, lowest: bytes | None, highest: bytes | None) -> None:
+        """Add the leading chunks another measurer saw (``seen_start``) to this one's."""
+        if lowest is not None:
+            self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
+        if highest is not None:
+            self._highest = highest if self._highest is None else max(self._highest, highest)
 
     def measure(self, batch: pl.DataFrame, where: pl.DataFrame) -> pl.DataFrame:
         """Key rows for the input records ``batch``; ``where`` holds their ``_file`` and

@@ -46,7 +46,7 @@ from nightshift.scheduling.dedup import (
     repeats_summary,
     split_copies,
 )
-from nightshift.scheduling.firstpass import measure_input
+from nightshift.scheduling.firstpass import MeasureHelpers, measure_input
 from nightshift.scheduling.frames import take_rows
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
@@ -166,11 +166,13 @@ def build_plan(
     progress: bool = True,
     skip_ids: KnownIds | None = None,
     first_shard: int = 0,
+    helpers: MeasureHelpers | None = None,
 ) -> Plan:
     """Plan every input record, except those whose id is in ``skip_ids`` (already
-    planned in this output); shards are numbered from ``first_shard``."""
+    planned in this output); shards are numbered from ``first_shard``. ``helpers``
+    (processes the run lends) measure input beside this one: the plan is the same."""
     with collector_paused():
-        return _build_plan(spec, encoder, progress, skip_ids, first_shard)
+        return _build_plan(spec, encoder, progress, skip_ids, first_shard, helpers)
 
 
 @contextlib.contextmanager
@@ -193,13 +195,15 @@ def _build_plan(
     progress: bool,
     skip_ids: KnownIds | None,
     first_shard: int,
+    helpers: MeasureHelpers | None = None,
 ) -> Plan:
     dataset, columns = open_job_input(spec)
     block = block_size(spec)
     measurer = RecordMeasurer(spec, encoder, block)
     with ChunkKeys() as chunks:  # each record's chunk keys, in a file until shared_blocks
+        digests = dedup_applies(spec)
         keys = measure_input(
-            dataset, columns, measurer, progress, skip_ids, chunks, dedup_applies(spec)
+            dataset, columns, measurer, progress, skip_ids, chunks, digests, helpers
         )
         keys = _reject_duplicate_ids(keys, spec.input.id_column)
         input_records, rejects, runnable = _set_rejects_apart(keys)
