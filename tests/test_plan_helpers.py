@@ -1,9 +1,10 @@
-"""A first plan measured with helpers beside it (``scheduling.firstpass``): the same plan
-as one measured alone, whichever helper measures what, in whatever order slices come
+"""A first plan built with helpers beside it (``scheduling.helpers``): the same plan as
+one built alone, whichever helper runs which job, in whatever order the answers come
 back, and whether a helper is busy, fails or dies."""
 
 from __future__ import annotations
 
+import pickle
 import random
 import threading
 import time
@@ -16,7 +17,6 @@ from nightshift.jobs.loading import validate_spec
 from nightshift.running import encoding
 from nightshift.scheduling import firstpass
 from nightshift.scheduling.chunkkeys import ChunkKeys
-from nightshift.scheduling.firstpass import measure_handed
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.plan import block_size, build_plan, load_encoder, open_job_input
@@ -71,25 +71,27 @@ class ThreadHelpers:
         self.pool = ThreadPoolExecutor(count)
         self.own = threading.local()
         self.offered = self.measured = 0
+        self.kinds: set[str] = set()
         self.random = random.Random(5)
 
-    def submit(self, batch, at, handoff):
+    def submit(self, job):
         self.offered += 1
+        self.kinds.add(type(job).__name__)
         if self.refuse_every and self.offered % self.refuse_every == 0:
-            return None  # busy: the plan measures it itself
+            return None  # busy: the plan runs it itself
         fails = bool(self.fail_every) and self.offered % self.fail_every == 0
         delay = self.random.random() / 50
-        return Measured(self.pool.submit(self._measure, batch, at, handoff, delay, fails))
+        return Measured(self.pool.submit(self._run, job, delay, fails))
 
-    def _measure(self, batch, at, handoff, delay, fails):
+    def _run(self, job, delay, fails):
         time.sleep(delay)
         if fails:
-            return None  # its helper could not: the plan measures it
+            return None  # its helper could not: the plan runs it
         if not hasattr(self.own, "measurer"):
             encoder = load_encoder(self.spec)
-            self.own.measurer = RecordMeasurer(self.spec, encoder, handoff.block_size)
+            self.own.measurer = RecordMeasurer(self.spec, encoder, job.block_size)
         self.measured += 1
-        return measure_handed(self.own.measurer, batch, at, handoff)
+        return pickle.loads(pickle.dumps(job)).run(self.own.measurer)  # as a child gets it
 
 
 class Measured:
@@ -108,6 +110,7 @@ def test_helpers_that_finish_out_of_order_refuse_and_fail_make_the_same_plan(spe
     helpers = ThreadHelpers(spec)
     helped = build_plan(spec, load_encoder(spec), progress=False, helpers=helpers)
     assert helpers.measured > 10 and helpers.offered > helpers.measured
+    assert helpers.kinds == {"MeasureSlice", "ChunkEnds", "SharedStarts"}
     kinds = alone.rejects["reject_kind"].to_list()
     assert {"duplicate_id", "null_field", "null_id", "over_length"} == set(kinds)
     assert alone.exact_records > 100
@@ -138,12 +141,13 @@ def test_the_start_every_prompt_shares_counts_what_the_helpers_measured(spec, tm
 
 
 def test_an_increment_measures_its_new_records_itself(spec):
-    """The ids planned before stay with the plan's process: no helper gets a slice."""
+    """The ids planned before stay with the plan's process: no helper gets a slice to
+    measure (the shared starts of the new records are theirs to encode)."""
     helpers = ThreadHelpers(spec, refuse_every=0, fail_every=0)
     known = KnownIds(pl.Series([f"t{i}" for i in range(700)]))
     alone = build_plan(spec, load_encoder(spec), progress=False, skip_ids=known)
     helped = build_plan(spec, load_encoder(spec), progress=False, skip_ids=known, helpers=helpers)
-    assert helpers.offered == 0
+    assert helpers.kinds == {"ChunkEnds", "SharedStarts"}
     assert_same_plan(alone, helped)
 
 
@@ -175,8 +179,8 @@ def test_a_process_killed_while_it_measures_costs_no_slice(spec, monkeypatch):
     with encoding.lend_spare(spec) as helpers:
         child, sent = helpers.children[0], helpers.submit
 
-        def killing(batch, at, handoff):
-            measuring = sent(batch, at, handoff)
+        def killing(job):
+            measuring = sent(job)
             if helpers.sent == 3:  # slices sent and not yet answered are lost with it
                 child.process.kill()
             return measuring

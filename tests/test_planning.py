@@ -245,7 +245,7 @@ def test_the_shared_start_the_plan_encodes_is_what_the_run_sends(models, tmp_pat
     measurer = RecordMeasurer(spec, encoder, block)
     with ChunkKeys() as chunks:
         keys = measure_input(dataset, columns, measurer, False, None, chunks)
-        planned, leaves = shared_blocks(dataset, measurer, keys, block, chunks)
+        planned, leaves = shared_blocks(dataset, measurer, keys, chunks)
     planned = planned.join(leaves, on="_leaf", how="left", maintain_order="left")
     records = pl.read_parquet(tmp_path / "in" / "a.parquet")
     sent = encoder.encode_pieces(rows(renderer_for(spec, encoder).pieces(records)))

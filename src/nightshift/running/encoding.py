@@ -30,6 +30,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -37,10 +38,10 @@ import pyarrow as pa
 from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import NightshiftError
 from nightshift.jobs.spec import JobSpec
-from nightshift.scheduling.firstpass import Handoff, Part, Where
+from nightshift.scheduling.helpers import HelperJob
 from nightshift.scheduling.render import renderer_for, rows
 
-MEASURING_PER_CHILD = 2  # a first plan's slices a child holds at once: one more waits
+PLAN_JOBS_PER_CHILD = 2  # a first plan's jobs a child holds at once: one runs, one waits
 ENCODE_PROCESSES_FROM = 20_000  # records in a job before its batches go to processes
 ANSWER_WITHIN_S = 120.0  # a batch takes well under a second; a child past this is stuck
 SPARE_FOR_S = 600.0  # children started ahead that no feed took by then are closed
@@ -162,41 +163,38 @@ def lend_spare(spec: JobSpec) -> Iterator[PlanHelpers | None]:
 
 
 class PlanHelpers:
-    """Spare children measuring a first plan's slices (``scheduling.firstpass``'s
-    ``MeasureHelpers``): a slice goes to a child that is ready and holds fewer than
-    ``MEASURING_PER_CHILD``; the plan measures the others itself."""
+    """Spare children running a first plan's jobs (``scheduling.helpers.Helpers``): a
+    job goes to a child that is ready and holds fewer than ``PLAN_JOBS_PER_CHILD``; the
+    plan runs the others itself."""
 
     def __init__(self, children: list[_Child]) -> None:
         self.children = children
         self.count = len(children)
-        self.sent = 0  # slices sent to a child (the others were measured in the run)
+        self.sent = 0  # jobs sent to a child (the others ran in the plan's process)
 
-    def submit(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> _Measuring | None:
+    def submit(self, job: HelperJob) -> _Helping | None:
         for child in self.children:
-            if child.ready() and child.measuring < MEASURING_PER_CHILD:
+            if child.ready() and child.helping < PLAN_JOBS_PER_CHILD:
                 self.sent += 1
-                return child.measure(batch, at, handoff)
+                return child.help_plan(job)
         return None
 
 
-class _Measuring:
-    """A slice a child measures; ``result`` is None where it could not (the plan then
-    measures it itself, and meets there any error the child met)."""
+class _Helping:
+    """A plan's job a child runs; ``result`` is None where it could not (the plan then
+    runs it itself, and meets there any error the child met)."""
 
     def __init__(self, child: _Child) -> None:
         self.child = child
-        child.measuring += 1
+        child.helping += 1
 
     def done(self) -> bool:
         return self.child.answered()
 
-    def result(self) -> Part | None:
+    def result(self) -> Any | None:
         answer = self.child.answer()
-        self.child.measuring -= 1
-        if answer is None or answer[0] != "measured":
-            return None
-        _, keys, lowest, highest = answer
-        return (pl.read_ipc(keys) if keys is not None else None), lowest, highest
+        self.child.helping -= 1
+        return answer[1] if answer is not None and answer[0] == "done" else None
 
 
 def _take_spare(spec: JobSpec) -> list[_Child] | None:
@@ -227,7 +225,7 @@ def _kill_all(children: list[_Child]) -> None:
 
 _GONE = object()  # a child's answers: it ended
 CHILD = "nightshift.running.encodingchild"  # what a child runs
-ENCODE, MEASURE = b"E", b"M"  # a job's first byte: records to encode, a slice to measure
+ENCODE, PLAN_JOB = b"E", b"P"  # a job's first byte: records to encode, a plan's job
 PIPE_BYTES = 1 << 20  # a pipe's size where Linux allows it (64 KiB by default)
 
 
@@ -266,7 +264,7 @@ class _Child:
         self._answers: queue.SimpleQueue = queue.SimpleQueue()
         self._state = "starting"  # then "ready", or "gone" once its pipe closed
         self._abandoned = False  # timed out: killed, and its answers never read again
-        self.measuring = 0  # a first plan's slices sent and not yet taken (PlanHelpers)
+        self.helping = 0  # a first plan's jobs sent and not yet taken (PlanHelpers)
         # Both pipe ends are served by threads of their own: a child that stops reading
         # (frozen, or slow to start with a large spec) never blocks the run's feed.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -306,13 +304,10 @@ class _Child:
         self._outbox.put(sink.getvalue())
         return lambda: self._take(records)
 
-    def measure(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> _Measuring:
-        """``batch`` measured for the plan's first pass (``scheduling.firstpass``)."""
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        self._outbox.put(MEASURE + pickle.dumps((handoff, at, sink.getvalue().to_pybytes())))
-        return _Measuring(self)
+    def help_plan(self, job: HelperJob) -> _Helping:
+        """``job`` run for a first plan (``scheduling.helpers``)."""
+        self._outbox.put(PLAN_JOB + pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+        return _Helping(self)
 
     def _take(self, records: pa.Table) -> list[list[int]]:
         answer = self.answer()

@@ -6,16 +6,16 @@ pipe or is gone:
 
 * ``ENCODE`` + an Arrow stream of records: their prompts' ids (lengths and one flat
   array), for the feed;
-* ``MEASURE`` + a pickled (handoff, where, Arrow stream of one batch): the batch's plan
-  keys (``scheduling.firstpass.measure_handed``) as Arrow IPC, for a first plan.
+* ``PLAN_JOB`` + a pickled job of a first plan (``scheduling.helpers``): what its
+  ``run`` returns with this process's own ``RecordMeasurer``.
 
-A job that fails is answered with its error's text: the run encodes or measures that
-batch itself (and meets the error there, where it is reported as the run reports it).
+A job that fails is answered with its error's text: the run encodes that batch itself,
+or runs that plan's job itself (and meets the error there, where it is reported as the
+run reports it).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import signal
@@ -24,6 +24,7 @@ import threading
 import time
 from array import array
 from multiprocessing.connection import Connection
+from typing import Any
 
 import pyarrow as pa
 
@@ -54,7 +55,7 @@ def serve(jobs: Connection, answers: Connection, parent: int) -> None:
             if data[:1] == ENCODE:
                 answer = _encoded(local, memoryview(data)[1:])
             else:
-                answer = _measured(local, measurers, memoryview(data)[1:])
+                answer = _plan_job(local, measurers, memoryview(data)[1:])
         except Exception as exc:  # noqa: BLE001 - told to the run, which stops on it
             answer = (f"{type(exc).__name__}: {exc}", None)
         answers.send(answer)
@@ -68,22 +69,15 @@ def _encoded(local: LocalEncoding, data: memoryview) -> tuple[array, array]:
     return array("i", map(len, ids)), array("i", flat)
 
 
-def _measured(local: LocalEncoding, measurers: dict, data: memoryview) -> tuple:
-    from nightshift.scheduling.firstpass import measure_handed
+def _plan_job(local: LocalEncoding, measurers: dict, data: memoryview) -> tuple[str, Any]:
     from nightshift.scheduling.measure import RecordMeasurer
 
-    handoff, at, stream = pickle.loads(data)
-    batch = pa.ipc.open_stream(pa.py_buffer(stream)).read_next_batch()
-    measurer = measurers.get(handoff.block_size)
+    job = pickle.loads(data)
+    measurer = measurers.get(job.block_size)
     if measurer is None:
-        measurer = RecordMeasurer(local.spec, local.encoder, handoff.block_size)
-        measurers[handoff.block_size] = measurer
-    keys, lowest, highest = measure_handed(measurer, batch, at, handoff)
-    if keys is None:
-        return "measured", None, lowest, highest
-    sink = io.BytesIO()
-    keys.write_ipc(sink, compression="uncompressed")
-    return "measured", sink.getvalue(), lowest, highest
+        measurer = RecordMeasurer(local.spec, local.encoder, job.block_size)
+        measurers[job.block_size] = measurer
+    return "done", job.run(measurer)
 
 
 def _exit_without(parent: int) -> None:

@@ -6,19 +6,16 @@ key row (where it is, its id, tokens; with dedup its digest), never its text. It
 chunk keys go to a file (``scheduling.chunkkeys``) under its number there, ``_seq``. An
 increment skips the records an earlier plan already has.
 
-A first plan hands slices to helper processes where the run lends it some (``helpers``:
-the feed's encoding processes, idle until the plan is written, ``running.encoding``).
-A helper measures a slice exactly as this process would, with the token estimate this
-process calibrated on the first records, so the plan is the same with or without them;
-a slice a helper cannot measure (busy, not ready, gone) is measured here, and the parts
-are kept in input order whoever measured them.
+A first plan hands slices to helper processes where the run lends it some
+(``scheduling.helpers``): a helper measures a slice exactly as this process would, with
+the token estimate this process calibrated on the first records, and the parts are
+kept in input order whoever measured them.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
 
 import polars as pl
 import pyarrow as pa
@@ -30,6 +27,7 @@ from nightshift.io.inputs import READ_BATCH, file_batches
 from nightshift.scheduling.budget import TailEstimate
 from nightshift.scheduling.chunkkeys import ChunkKeys
 from nightshift.scheduling.dedup import with_digests
+from nightshift.scheduling.helpers import Helpers, InOrder
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.measure import RecordMeasurer
 
@@ -37,39 +35,29 @@ from nightshift.scheduling.measure import RecordMeasurer
 # holds a few KB while it is measured (its pieces, text, chunks, ids): 8,192 of them, not
 # a read batch of 32,768, kept 0.09 GiB off the plan's peak at a million records.
 MEASURE_BATCH = 8192
-WAITING_PER_HELPER = 3  # slices measured, or being measured, ahead of the parts kept
 
-
-class Handoff(NamedTuple):
-    """What a helper needs besides a slice to measure it as the plan would."""
-
-    block_size: int
-    tail: TailEstimate  # calibrated on the first records: every slice is estimated alike
-    digests: bool  # dedup: each record's exact-repeat key too
-
-
+Where = tuple[int, int]  # a slice's input file and its first row there
 # A slice's key rows (None: every record was planned before), and the smallest and
 # largest leading chunk its measurer saw (``RecordMeasurer.seen_start``).
 Part = tuple[pl.DataFrame | None, bytes | None, bytes | None]
-Where = tuple[int, int]  # a slice's input file and its first row there
 
 
-class Measuring(Protocol):
-    """A slice being measured by a helper: ``result`` waits for it (None: it could not,
-    and the slice is measured here)."""
+@dataclass(frozen=True)
+class MeasureSlice:
+    """A helper's job: a slice of input measured as the plan measures it, with the token
+    estimate the plan calibrated on its first records (every slice is estimated alike)."""
 
-    def done(self) -> bool: ...
+    block_size: int
+    tail: TailEstimate
+    digests: bool  # dedup: each record's exact-repeat key too
+    at: Where
+    records: pl.DataFrame
 
-    def result(self) -> Part | None: ...
-
-
-class MeasureHelpers(Protocol):
-    """Processes lent to a first plan to measure slices beside it."""
-
-    count: int  # how many there are
-
-    def submit(self, batch: pa.RecordBatch, at: Where, handoff: Handoff) -> Measuring | None:
-        """``batch`` sent to a free helper; None where none is free."""
+    def run(self, measurer: RecordMeasurer) -> Part:
+        measurer.tail = self.tail
+        measurer.seen_start()  # only this slice's start goes back
+        part = _measure_part(measurer, self.records, *self.at, None, self.digests)
+        return (part, *measurer.seen_start())
 
 
 def measure_input(
@@ -80,13 +68,13 @@ def measure_input(
     skip: KnownIds | None,
     chunks: ChunkKeys,
     digests: bool = False,
-    helpers: MeasureHelpers | None = None,
+    helpers: Helpers | None = None,
 ) -> pl.DataFrame:
     """Pass over every input file once, in order, keeping only each record's keys; its
     chunk keys are added to ``chunks``, record ``_seq`` there. ``helpers`` measure
     slices of a first plan beside this process (an increment's are all measured here)."""
-    lent = helpers if skip is None and helpers is not None and helpers.count else None
-    first = _FirstPass(measurer, chunks, skip, digests, lent)
+    first = _FirstPass(measurer, chunks, skip, digests)
+    order = InOrder(helpers if skip is None else None, first.keep)
     bar = tqdm(
         total=dataset.count_rows(),
         desc="plan",
@@ -98,10 +86,10 @@ def measure_input(
         row = 0
         for batch in file_batches(dataset, index, columns, READ_BATCH):
             for start, piece in _slices(batch, measurer):
-                first.add(piece, (index, row + start))
+                first.add(order, pl.from_arrow(piece), (index, row + start))
             row += batch.num_rows
             bar.update(batch.num_rows)
-    first.finish()
+    order.finish()
     bar.close()
     empty = {"_file": pl.UInt32, "_row": pl.UInt32, "reject_kind": pl.String}
     parts = first.parts
@@ -115,57 +103,31 @@ def measure_input(
 
 
 class _FirstPass:
-    """The parts measured so far, in input order, whoever measured them; the slices
-    still being measured wait in ``waiting``."""
+    """The parts measured so far, in input order, whoever measured them."""
 
     def __init__(
-        self,
-        measurer: RecordMeasurer,
-        chunks: ChunkKeys,
-        skip: KnownIds | None,
-        digests: bool,
-        helpers: MeasureHelpers | None,
+        self, measurer: RecordMeasurer, chunks: ChunkKeys, skip: KnownIds | None, digests: bool
     ) -> None:
         self.measurer, self.chunks, self.skip, self.digests = measurer, chunks, skip, digests
-        self.helpers = helpers
         self.parts: list[pl.DataFrame] = []
-        # (a helper's slice, or None: measured here) with its slice and its part
-        self.waiting: deque[tuple[Measuring | None, pa.RecordBatch, Where, Part | None]] = deque()
-        self.at_most = WAITING_PER_HELPER * (1 + (helpers.count if helpers else 0))
 
-    def add(self, piece: pa.RecordBatch, at: Where) -> None:
-        """Measure ``piece``: by a free helper once the estimate is calibrated (the first
-        records calibrate it, here), else here; keep what is measured at the head."""
-        sent = None
-        if self.helpers is not None and self.measurer.tail is not None:
-            handoff = Handoff(self.measurer.block_size, self.measurer.tail, self.digests)
-            sent = self.helpers.submit(piece, at, handoff)
-        self.waiting.append((sent, piece, at, None if sent else self._here(piece, at)))
-        while self.waiting and (len(self.waiting) > self.at_most or self._head_done()):
-            self._keep(*self.waiting.popleft())
+    def add(self, order: InOrder, records: pl.DataFrame, at: Where) -> None:
+        """``records`` measured by a helper once the token estimate is calibrated (the
+        first records calibrate it, here), else here."""
+        measurer, job = self.measurer, None
+        if measurer.tail is not None:
+            job = MeasureSlice(measurer.block_size, measurer.tail, self.digests, at, records)
 
-    def finish(self) -> None:
-        while self.waiting:
-            self._keep(*self.waiting.popleft())
+        def here() -> Part:
+            return _measure_part(measurer, records, *at, self.skip, self.digests), None, None
 
-    def _head_done(self) -> bool:
-        sent = self.waiting[0][0]
-        return sent is None or sent.done()
+        order.add(job, here)
 
-    def _here(self, piece: pa.RecordBatch, at: Where) -> Part:
-        return _measure_part(self.measurer, piece, *at, self.skip, self.digests), None, None
-
-    def _keep(
-        self, sent: Measuring | None, piece: pa.RecordBatch, at: Where, part: Part | None
-    ) -> None:
-        if sent is not None:
-            part = sent.result()
-            if part is None:  # its helper could not: measured here after all
-                part = self._here(piece, at)
-            else:  # a helper's: what it saw joins what this measurer saw
-                self.measurer.merge_start(part[1], part[2])
-                self.measurer.exact_records += _exact_records(part[0])
-        keys = part[0] if part is not None else None
+    def keep(self, measured: Part, by_helper: bool) -> None:
+        keys, lowest, highest = measured
+        if by_helper:  # what it saw joins what this measurer saw
+            self.measurer.merge_start(lowest, highest)
+            self.measurer.exact_records += _exact_records(keys)
         if keys is not None:
             chunk_keys = keys.drop_in_place("_chunks") if "_chunks" in keys.columns else None
             self.chunks.add(chunk_keys, keys.height)
@@ -178,16 +140,6 @@ def _exact_records(keys: pl.DataFrame | None) -> int:
     if keys is None or "exact" not in keys.columns:
         return 0
     return int(keys["exact"].sum() or 0)
-
-
-def measure_handed(
-    measurer: RecordMeasurer, batch: pa.RecordBatch, at: Where, handoff: Handoff
-) -> Part:
-    """In a helper: ``batch`` measured as the plan's own measurer would (``handoff``)."""
-    measurer.tail = handoff.tail
-    measurer.seen_start()  # only this slice's start goes back
-    part = _measure_part(measurer, batch, *at, None, handoff.digests)
-    return (part, *measurer.seen_start())
 
 
 def _slices(
@@ -206,21 +158,20 @@ def _slices(
 
 def _measure_part(
     measurer: RecordMeasurer,
-    batch: pa.RecordBatch,
+    frame: pl.DataFrame,
     index: int,
     row: int,
     skip: KnownIds | None,
     digests: bool,
 ) -> pl.DataFrame | None:
-    """Key rows of ``batch``, the records of input file ``index`` from row ``row`` on
+    """Key rows of ``frame``, the records of input file ``index`` from row ``row`` on
     (None: every one of them was planned before)."""
     # The input's columns and the record's place stay in two frames: any input column
     # name works, `_row` and `_file` included (DESIGN invariant 8).
-    frame = pl.from_arrow(pa.Table.from_batches([batch]))
     where = pl.DataFrame(
         {
-            "_file": pl.repeat(index, batch.num_rows, dtype=pl.UInt32, eager=True),
-            "_row": pl.int_range(row, row + batch.num_rows, dtype=pl.UInt32, eager=True),
+            "_file": pl.repeat(index, frame.height, dtype=pl.UInt32, eager=True),
+            "_row": pl.int_range(row, row + frame.height, dtype=pl.UInt32, eager=True),
         }
     )
     if skip is not None:  # an increment: a null id was rejected by the first plan

@@ -46,8 +46,9 @@ from nightshift.scheduling.dedup import (
     repeats_summary,
     split_copies,
 )
-from nightshift.scheduling.firstpass import MeasureHelpers, measure_input
+from nightshift.scheduling.firstpass import measure_input
 from nightshift.scheduling.frames import take_rows
+from nightshift.scheduling.helpers import Helpers
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.kvcache import block_size, kv_cache_tokens
 from nightshift.scheduling.measure import RecordMeasurer
@@ -166,7 +167,7 @@ def build_plan(
     progress: bool = True,
     skip_ids: KnownIds | None = None,
     first_shard: int = 0,
-    helpers: MeasureHelpers | None = None,
+    helpers: Helpers | None = None,
 ) -> Plan:
     """Plan every input record, except those whose id is in ``skip_ids`` (already
     planned in this output); shards are numbered from ``first_shard``. ``helpers``
@@ -195,7 +196,7 @@ def _build_plan(
     progress: bool,
     skip_ids: KnownIds | None,
     first_shard: int,
-    helpers: MeasureHelpers | None = None,
+    helpers: Helpers | None = None,
 ) -> Plan:
     dataset, columns = open_job_input(spec)
     block = block_size(spec)
@@ -212,7 +213,7 @@ def _build_plan(
         runnable, copies = split_copies(runnable)
         copies = copies.drop("_seq")  # only originals' chunks count
         give_back_freed()
-        runnable, leaves = shared_blocks(dataset, measurer, runnable, block, chunks)
+        runnable, leaves = shared_blocks(dataset, measurer, runnable, chunks, helpers)
     give_back_freed()
     runnable = prefix_levels(runnable, block, leaves)  # the levels hold the order's keys
     del leaves
