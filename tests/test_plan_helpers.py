@@ -4,6 +4,8 @@ back, and whether a helper is busy, fails or dies."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import pickle
 import random
 import threading
@@ -12,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import polars as pl
 import pytest
+import yaml
 
 from nightshift.jobs.loading import validate_spec
 from nightshift.running import encoding
@@ -190,3 +193,31 @@ def test_a_process_killed_while_it_measures_costs_no_slice(spec, monkeypatch):
     encoding.close_spare(spec)
     assert helpers.sent >= 3 and child.process.poll() is not None
     assert_same_plan(alone, helped)
+
+
+def test_jobs_plan_builds_its_plan_with_the_processes_a_run_would_get(spec, tmp_path, monkeypatch):
+    """`jobs plan` starts them, lends them to its plan, and closes them after: the same
+    summary as a plan built alone, and no process left behind."""
+    from typer.testing import CliRunner
+
+    from nightshift.cli import app
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    lent, lend = [], encoding.lend_spare
+
+    @contextlib.contextmanager
+    def lending(spec):
+        with lend(spec) as helpers:
+            lent.append(helpers)
+            yield helpers
+
+    monkeypatch.setattr(encoding, "lend_spare", lending)
+    helped = CliRunner().invoke(app, ["jobs", "plan", str(path), "--json"])
+    monkeypatch.setenv("NIGHTSHIFT_ENCODE_PROCESSES", "0")
+    alone = CliRunner().invoke(app, ["jobs", "plan", str(path), "--json"])
+    assert helped.exit_code == 0 == alone.exit_code, helped.output + alone.output
+    assert json.loads(helped.output) == json.loads(alone.output)
+    assert lent[0].count == 1 and lent[1:] == [None]
+    assert all(child.process.poll() is not None for child in lent[0].children)
+    assert encoding._spares == {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from functools import wraps
+from functools import partial, wraps
 from pathlib import Path
 
 import typer
@@ -195,9 +195,15 @@ def plan(
       nightshift jobs plan job.yaml --write      # write the plan for workers to run
     """
     from nightshift.jobs.loading import load_spec
+    from nightshift.running.encoding import planning_processes
+    from nightshift.running.runner import input_rows
     from nightshift.scheduling.dryrun import plan_summary, summary_text
 
     capacity = {"gpu": gpu, "gpus": gpus, "output_tokens": output_tokens} if gpu else None
     job = load_spec(spec, overrides)
-    summary = plan_summary(job, progress=sys.stderr.isatty(), write=write, gpu=capacity)
+    # the processes a run of this job would encode with: the plan is built with them
+    helpers = partial(planning_processes, job, records=input_rows(job))
+    summary = plan_summary(
+        job, progress=sys.stderr.isatty(), write=write, gpu=capacity, helpers=helpers
+    )
     typer.echo(json.dumps(summary, indent=2) if as_json else summary_text(summary))

@@ -162,6 +162,20 @@ def lend_spare(spec: JobSpec) -> Iterator[PlanHelpers | None]:
                 _kill_all(children)
 
 
+@contextlib.contextmanager
+def planning_processes(
+    spec: JobSpec, encoder: PromptEncoder, records: int
+) -> Iterator[PlanHelpers | None]:
+    """Encoding processes for a plan no feed follows (``jobs plan``): started as a run
+    would start them for ``records``, lent to the plan, closed after it."""
+    start_spare(spec, encoder, records)
+    try:
+        with lend_spare(spec) as helpers:
+            yield helpers
+    finally:
+        close_spare(spec)
+
+
 class PlanHelpers:
     """Spare children running a first plan's jobs (``scheduling.helpers.Helpers``): a
     job goes to a child that is ready and holds fewer than ``PLAN_JOBS_PER_CHILD``; the

@@ -106,7 +106,7 @@ def _plan(
 ) -> dict[str, Any]:
     """Build and write the job's plan; the feed's encoding processes start first, so
     that they have loaded their tokenizers by the time it ends."""
-    start_spare(spec, encoder, _input_rows(spec))
+    start_spare(spec, encoder, input_rows(spec))
     listing = {"input_listing": input_listing(spec)}  # before reading (increments)
     kept = output.plans.kept(stamp["fingerprint"], listing["input_listing"])
     if kept is not None:  # built by a run stopped while it wrote the plan's files
@@ -125,7 +125,7 @@ def _plan(
     return output.plans.manifest()
 
 
-def _input_rows(spec: JobSpec) -> int:
+def input_rows(spec: JobSpec) -> int:
     """The input's rows, from its Parquet footers (no record is read); 0 when it cannot
     be opened (the plan reads it next and says why)."""
     try:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
+from nightshift.engines.tokenizer import PromptEncoder
 from nightshift.errors import OutputExistsError
 from nightshift.io.outputs import JobOutput
 from nightshift.jobs.fingerprint import plan_stamp
@@ -13,6 +17,7 @@ from nightshift.jobs.tasks import answer_budget, label_encoder, label_warnings
 from nightshift.scheduling.cachescope import sampled_output
 from nightshift.scheduling.capacity import capacity_text, predict_plan, prepare
 from nightshift.scheduling.dedup import distinct_records
+from nightshift.scheduling.helpers import Helpers
 from nightshift.scheduling.plan import build_plan, describe, load_encoder
 from nightshift.scheduling.reuse import reuse_note
 
@@ -26,14 +31,20 @@ def _measured_throughput(spec: JobSpec) -> float | None:
 
 
 def plan_summary(
-    spec: JobSpec, progress: bool = False, write: bool = False, gpu: dict | None = None
+    spec: JobSpec,
+    progress: bool = False,
+    write: bool = False,
+    gpu: dict | None = None,
+    helpers: Callable[[PromptEncoder], AbstractContextManager[Helpers | None]] | None = None,
 ) -> dict[str, Any]:
     """The plan in numbers and a cost projection; ``write`` also writes the plan next to
     the output, as a run would before generating; ``gpu`` (the arguments of
-    ``capacity.jobplan.prepare``) adds the capacity prediction."""
+    ``capacity.jobplan.prepare``) adds the capacity prediction; ``helpers`` lends the
+    plan processes for the encoder (``scheduling.helpers``: the same plan, sooner)."""
     planner = prepare(spec, **gpu) if gpu else None  # fails before the input is read
     encoder = load_encoder(spec)
-    plan = build_plan(spec, encoder, progress)
+    with helpers(encoder) if helpers else contextlib.nullcontext() as lent:
+        plan = build_plan(spec, encoder, progress, helpers=lent)
     summary = describe(plan, spec)
     summary["warnings"] = label_warnings(spec, label_encoder(spec, encoder))
     if write:
