@@ -128,3 +128,14 @@ def test_texts_that_only_an_empty_frame_piece_separates_are_joined_for_such_toke
 
     assert _joined(["<a>", "head ", "", "doc", "", "q", "<b>"]) == ["<a>", "head docq", "<b>"]
     assert _joined(["<a>", "u1", "<x>", "u2", "<b>"]) == ["<a>", "u1", "<x>", "u2", "<b>"]
+
+
+def test_shared_texts_past_the_cache_bound_are_encoded_not_lost(chat_encoder, monkeypatch):
+    """A batch that overflows the cache of shared texts (documents, few-shot blocks) clears
+    it and encodes again the ones it held: every text keeps its ids."""
+    import nightshift.engines.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "_CACHE_TEXTS", 8)
+    chat_encoder.encode_shared(["a shared document"])
+    texts = ["a shared document"] + [f"document {i}" for i in range(8)]
+    assert chat_encoder.encode_shared(texts) == chat_encoder.encode_texts(texts)

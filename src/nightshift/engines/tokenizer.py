@@ -226,6 +226,7 @@ class PromptEncoder:
         missing = list(dict.fromkeys(t for t in texts if t not in cache))
         if len(cache) + len(missing) > _CACHE_TEXTS:
             cache.clear()  # bounded memory: unique texts would otherwise pile up
+            missing = list(dict.fromkeys(texts))  # those it held too (a KeyError, once)
         cache.update(zip(missing, self.encode_texts(missing), strict=True))
         return [cache[t] for t in texts]
 
