@@ -75,6 +75,7 @@ def test_each_record_runs_under_its_own_sampling_and_bad_values_reject_alone(mod
         "schema": json.dumps({"json_schema": SCHEMA}),
         "logprobs": '{"logprobs": true, "top_logprobs": 2, "max_tokens": 2}',
         "broken": "{max_tokens: 3",
+        "deep": "[" * 100_000,  # past the JSON parser's recursion: this record's problem
         "zero_n": '{"n": 0}',
         "unknown": '{"max_token": 3}',
         "both": '{"json_object": true, "json_schema": {"type": "object"}}',
@@ -106,12 +107,14 @@ def test_each_record_runs_under_its_own_sampling_and_bad_values_reject_alone(mod
 
     assert {k: r["reject_kind"] for k, r in rejects.items()} == {
         "broken": "bad_sampling",
+        "deep": "bad_sampling",
         "zero_n": "bad_sampling",
         "unknown": "bad_sampling",
         "both": "bad_sampling",
         "too_long": "over_length",
     }
     assert "not JSON" in rejects["broken"]["reason"]
+    assert "nested too deeply" in rejects["deep"]["reason"]
     assert "sampling n:" in rejects["zero_n"]["reason"]
     assert "'max_token' is not known" in rejects["unknown"]["reason"]
     assert "json_schema and json_object" in rejects["both"]["reason"]

@@ -90,6 +90,8 @@ def parse_record_sampling(text: str | None, task: TaskHandler | None = None) -> 
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(f"sampling value is not JSON: {exc.msg}", BAD_SAMPLING) from None
+    except RecursionError:  # "[[[[..." a hundred thousand deep: one record's problem
+        raise RecordError("sampling value is nested too deeply", BAD_SAMPLING) from None
     if not isinstance(data, dict):
         what = type(data).__name__
         raise RecordError(f"sampling value is a JSON {what}, not an object", BAD_SAMPLING)
