@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
@@ -20,6 +21,7 @@ from nightshift.jobs.loading import validate_spec
 from nightshift.running import encoding
 from nightshift.scheduling import firstpass
 from nightshift.scheduling.chunkkeys import ChunkKeys
+from nightshift.scheduling.helpers import InOrder
 from nightshift.scheduling.known import KnownIds
 from nightshift.scheduling.measure import RecordMeasurer
 from nightshift.scheduling.plan import block_size, build_plan, load_encoder, open_job_input
@@ -166,13 +168,12 @@ def _ready_children(spec) -> None:
 def test_the_runs_encoding_processes_measure_the_same_plan(spec):
     alone = build_plan(spec, load_encoder(spec), progress=False)
     _ready_children(spec)
-    try:
-        with encoding.lend_spare(spec) as helpers:
-            helped = build_plan(spec, load_encoder(spec), progress=False, helpers=helpers)
-        assert helpers.count == 1 and helpers.sent > 5
-        assert encoding._take_spare(spec) == helpers.children  # kept for the feed
-    finally:
-        encoding._close_all(helpers.children)
+    with encoding.lend_spare(spec) as helpers:
+        helped = build_plan(spec, load_encoder(spec), progress=False, helpers=helpers)
+    kept = encoding._take_spare(spec)
+    encoding._close_all(kept or [])
+    assert helpers.count == 1 and helpers.sent > 5
+    assert kept == helpers.children  # kept for the feed
     assert_same_plan(alone, helped)
 
 
@@ -190,9 +191,21 @@ def test_a_process_killed_while_it_measures_costs_no_slice(spec, monkeypatch):
 
         monkeypatch.setattr(helpers, "submit", killing)
         helped = build_plan(spec, load_encoder(spec), progress=False, helpers=helpers)
-    encoding.close_spare(spec)
     assert helpers.sent >= 3 and child.process.poll() is not None
+    assert encoding._take_spare(spec) is None  # a dead one is no feed's
     assert_same_plan(alone, helped)
+
+
+def test_a_plan_that_fails_with_a_job_out_leaves_that_process_to_no_feed(spec):
+    """Its answer to the plan's job would be read as a batch's ids: it is killed."""
+    _ready_children(spec)
+    records = pl.DataFrame({"ticket_id": ["a"], "subject": ["s"], "body": ["b"]})
+    with pytest.raises(OSError, match="disk"), encoding.lend_spare(spec) as helpers:
+        job = firstpass.MeasureSlice(16, None, False, (0, 0), records)
+        assert helpers.submit(job) is not None
+        raise OSError("disk")
+    assert encoding._take_spare(spec) is None
+    assert helpers.children[0].process.wait(timeout=30) is not None
 
 
 def test_jobs_plan_builds_its_plan_with_the_processes_a_run_would_get(spec, tmp_path, monkeypatch):
@@ -221,3 +234,65 @@ def test_jobs_plan_builds_its_plan_with_the_processes_a_run_would_get(spec, tmp_
     assert lent[0].count == 1 and lent[1:] == [None]
     assert all(child.process.poll() is not None for child in lent[0].children)
     assert encoding._spares == {}
+
+
+def test_an_empty_prompt_is_the_lowest_start_whoever_measured_it(models, tmp_path, monkeypatch):
+    """A raw prompt of nothing (no chat frame, no BOS text) shares nothing with the
+    others: every prompt's common start is empty, whichever process measured it (a
+    falsy b"" was once dropped by the plan's own running minimum, not by a helper's)."""
+    monkeypatch.setattr(firstpass, "READ_BATCH", 100)
+    monkeypatch.setattr(firstpass, "MEASURE_BATCH", 100)
+    lead = "Please classify this support ticket from our customer portal carefully: "
+    rows = [{"ticket_id": f"t{i}", "subject": "s", "body": f"{lead}case {i}"} for i in range(600)]
+    rows[5]["body"] = rows[450]["body"] = ""  # measured here, and by a helper
+    write_records(tmp_path / "in" / "a.parquet", rows)
+    data = spec_dict(models["plain"], tmp_path / "in", tmp_path / "out")
+    data["prompt"] = {"template": "{body}", "chat_template": False}
+    one = validate_spec(data)
+    alone = build_plan(one, load_encoder(one), progress=False)
+    helpers = ThreadHelpers(one, refuse_every=0, fail_every=0)
+    helped = build_plan(one, load_encoder(one), progress=False, helpers=helpers)
+    assert helpers.measured > 2
+    assert_same_plan(alone, helped)
+    measurer = RecordMeasurer(one, load_encoder(one), block_size(one))
+    with ChunkKeys() as chunks:
+        firstpass.measure_input(*open_job_input(one), measurer, False, None, chunks)
+    assert "".join(measurer.common_start()) == ""
+
+
+class OneAtATime:
+    """A helper that takes the first job only, and answers it (or fails) once asked."""
+
+    count = 1
+
+    def __init__(self, fails: bool) -> None:
+        self.fails, self.taken = fails, False
+
+    def submit(self, job):
+        if self.taken:
+            return None
+        self.taken = True
+        return SimpleNamespace(done=lambda: False, result=lambda: None if self.fails else "first")
+
+
+@pytest.mark.parametrize("helper_fails", [False, True], ids=["answers", "fails"])
+def test_an_error_raised_here_waits_its_turn(helper_fails):
+    """The plan reports its first bad record, as alone: a later job's error, raised here
+    while an earlier one is out at a helper, is raised only after that one is kept (or
+    fails itself, run here)."""
+
+    def first():
+        raise ValueError("the first bad record")
+
+    def second():
+        raise ValueError("a later bad record")
+
+    kept = []
+    order = InOrder(OneAtATime(helper_fails), lambda answer, by_helper: kept.append(answer))
+    job = SimpleNamespace(block_size=16, records=pl.DataFrame({"x": [1]}))
+    order.add(job, first)
+    order.add(job, second)
+    expected = "a later bad record" if not helper_fails else "the first bad record"
+    with pytest.raises(ValueError, match=expected):
+        order.finish()
+    assert kept == ([] if helper_fails else ["first"])

@@ -155,6 +155,11 @@ def lend_spare(spec: JobSpec) -> Iterator[PlanHelpers | None]:
     try:
         yield PlanHelpers(children) if children else None
     finally:
+        # One that died, or still holds a job of the plan (the plan failed), is no use
+        # to a feed: it would read the plan's answer as a batch's ids.
+        useless = [c for c in children or [] if c.helping or c.gone()]
+        children = [c for c in children or [] if c not in useless]
+        _kill_all(useless)
         if children:
             with _spares_lock:
                 kept = _spares.setdefault(pickle.dumps(spec), children) is children
@@ -309,6 +314,10 @@ class _Child:
 
     def ready(self) -> bool:
         return self._state == "ready" and not self._abandoned
+
+    def gone(self) -> bool:
+        """Whether it ended, or was killed as stuck: it answers nothing more."""
+        return self._state == "gone" or self._abandoned
 
     def send(self, records: pa.Table) -> Encoded:
         sink = pa.BufferOutputStream()

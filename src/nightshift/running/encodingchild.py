@@ -53,6 +53,7 @@ def serve(jobs: Connection, answers: Connection, parent: int) -> None:
             return
         try:
             if data[:1] == ENCODE:
+                measurers.clear()  # the feed has begun: the plan is done with this one
                 answer = _encoded(local, memoryview(data)[1:])
             else:
                 answer = _plan_job(local, measurers, memoryview(data)[1:])

@@ -2,8 +2,9 @@
 kept in the order the plan gave the jobs.
 
 The run's encoding processes are idle while the plan is built (``running.encoding``
-lends them). Two plan steps hand them jobs: a slice of input to measure
-(``firstpass.MeasureSlice``) and the records whose shared starts are encoded
+lends them). Plan steps hand them jobs: a slice of input to measure
+(``firstpass.MeasureSlice``), the records whose next chunks are read
+(``prefixes.ChunkEnds``) and those whose shared starts are encoded
 (``prefixes.SharedStarts``). A job is a small picklable value run against a helper's
 own ``RecordMeasurer`` (the same spec and tokenizer: the same answer as here). Where
 no helper is free, or one could not answer (it died, or failed), the job runs here;
@@ -17,15 +18,27 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import polars as pl
+
 from nightshift.scheduling.measure import RecordMeasurer
 
 AHEAD_PER_HELPER = 3  # jobs given, or being run, ahead of the answers kept
+# The records of jobs out at helpers, at most (a job's records are kept until it is
+# answered: a helper that dies leaves it to be run here). 100,000 questions over 6 KB
+# documents held 0.6-0.8 GB more in the plan's process before this bound.
+HELD_BYTES = 128 << 20
+# A job of longer records than this (on average) runs here: moving them (pickled, piped,
+# read back) costs more than measuring them where a few documents lead many prompts
+# (100,000 questions over 200 documents of 6 KB planned in 11.3-11.7 s with a helper
+# against 7.4-7.9 alone); demo tickets are about 300 bytes.
+SENT_BYTES_PER_RECORD = 2048
 
 
 class HelperJob(Protocol):
     """A plan step's job for a helper: picklable (its records as polars frames)."""
 
     block_size: int  # a helper keeps one measurer per block size
+    records: pl.DataFrame  # what it is run on
 
     def run(self, measurer: RecordMeasurer) -> Any: ...
 
@@ -49,36 +62,76 @@ class Helpers(Protocol):
 
 class InOrder:
     """Jobs run by a free helper, else here; each answer handed to ``keep`` (with
-    whether a helper gave it) in the order the jobs came."""
+    whether a helper gave it) in the order the jobs came. An error raised here is
+    raised in that order too: the plan fails on its first bad record, as alone."""
 
     def __init__(self, helpers: Helpers | None, keep: Callable[[Any, bool], None]) -> None:
         self.helpers = helpers if helpers is not None and helpers.count else None
         self.keep = keep
-        self.waiting: deque[tuple[Answer | None, Callable[[], Any], Any]] = deque()
+        self.waiting: deque[_Waiting] = deque()
         self.at_most = AHEAD_PER_HELPER * (1 + (self.helpers.count if self.helpers else 0))
+        self.held = 0  # bytes of the records of jobs out at helpers
 
     def add(self, job: HelperJob | None, here: Callable[[], Any]) -> None:
         """``job`` given to a helper, or ``here()`` run now (``job`` None: here only)."""
-        sent = self.helpers.submit(job) if self.helpers and job is not None else None
-        self.waiting.append((sent, here, None if sent else here()))
-        while self.waiting and (len(self.waiting) > self.at_most or self._head_done()):
+        sent = self.helpers.submit(job) if self.helpers and _worth_sending(job) else None
+        if sent is not None:
+            size = job.records.estimated_size()  # type: ignore[union-attr]  (sent: a job)
+            self.waiting.append(_Waiting(sent, here, size))
+            self.held += size
+        else:
+            self.waiting.append(_Waiting.run(here))
+        while self.waiting and (self._full() or self.waiting[0].done()):
             self._keep_head()
 
     def finish(self) -> None:
         while self.waiting:
             self._keep_head()
 
-    def _head_done(self) -> bool:
-        sent = self.waiting[0][0]
-        return sent is None or sent.done()
+    def _full(self) -> bool:
+        return len(self.waiting) > self.at_most or self.held > HELD_BYTES
 
     def _keep_head(self) -> None:
-        sent, here, answer = self.waiting.popleft()
-        if sent is None:
-            self.keep(answer, False)
-            return
-        answer = sent.result()
+        head = self.waiting.popleft()
+        self.held -= head.size
+        answer, by_helper = head.answer()
+        self.keep(answer, by_helper)
+
+
+def _worth_sending(job: HelperJob | None) -> bool:
+    if job is None or not job.records.height:
+        return False
+    return job.records.estimated_size() <= SENT_BYTES_PER_RECORD * job.records.height
+
+
+class _Waiting:
+    """A job given out (``sent``, with ``here`` to run it here if its helper cannot), or
+    run here already (its answer, or the error it raised)."""
+
+    def __init__(self, sent: Answer | None, here: Callable[[], Any] | None, size: int) -> None:
+        self.sent, self.here, self.size = sent, here, size
+        self.answered: Any = None
+        self.error: BaseException | None = None
+
+    @classmethod
+    def run(cls, here: Callable[[], Any]) -> _Waiting:
+        done = cls(None, None, 0)  # ``here`` is not kept: nor are the records it holds
+        try:
+            done.answered = here()
+        except Exception as exc:  # noqa: BLE001 - raised in its turn (``answer``)
+            done.error = exc
+        return done
+
+    def done(self) -> bool:
+        return self.sent is None or self.sent.done()
+
+    def answer(self) -> tuple[Any, bool]:
+        """The answer, and whether a helper gave it; a job run here raises its error."""
+        if self.error is not None:
+            raise self.error
+        if self.sent is None:
+            return self.answered, False
+        answer = self.sent.result()
         if answer is None:  # its helper could not: run here after all
-            self.keep(here(), False)
-        else:
-            self.keep(answer, True)
+            return self.here(), False  # type: ignore[misc]
+        return answer, True

@@ -70,7 +70,8 @@ class RecordMeasurer:
         return seen
 
     def merge_start(self, lowest: bytes | None, highest: bytes | None) -> None:
-        """Add the leading chunks another measurer saw (``seen_start``) to this one's."""
+        """Add leading chunks to those seen: a batch's own, or those another measurer saw
+        (``seen_start``). An empty prompt's (b"") is the lowest there is."""
         if lowest is not None:
             self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
         if highest is not None:
@@ -154,13 +155,9 @@ class RecordMeasurer:
 
     def _note_start(self, pieces: list[pl.Series], text: pl.Series) -> None:
         leading = text.cast(pl.Binary).bin.head(self.chunk)
-        lowest, highest = leading.min(), leading.max()
         if self.first is None:
             self.first = [p[0] for p in pieces]
-            self._lowest, self._highest = lowest, highest
-        else:
-            self._lowest = min(self._lowest or lowest, lowest)
-            self._highest = max(self._highest or highest, highest)
+        self.merge_start(leading.min(), leading.max())  # an empty prompt's b"" is lowest
 
     def _frame_tokens(self, pieces: list[pl.Series]) -> tuple[pl.Series, pl.Series]:
         """Exact tokens before the record's last text and after it: frame pieces by their
