@@ -74,9 +74,11 @@ class InOrder:
 
     def add(self, job: HelperJob | None, here: Callable[[], Any]) -> None:
         """``job`` given to a helper, or ``here()`` run now (``job`` None: here only)."""
-        sent = self.helpers.submit(job) if self.helpers and _worth_sending(job) else None
-        if sent is not None:
-            size = job.records.estimated_size()  # type: ignore[union-attr]  (sent: a job)
+        sent = None
+        if job is not None and self.helpers and _worth_sending(job):
+            sent = self.helpers.submit(job)
+        if job is not None and sent is not None:
+            size = job.records.estimated_size()
             self.waiting.append(_Waiting(sent, here, size))
             self.held += size
         else:
@@ -98,10 +100,10 @@ class InOrder:
         self.keep(answer, by_helper)
 
 
-def _worth_sending(job: HelperJob | None) -> bool:
-    if job is None or not job.records.height:
-        return False
-    return job.records.estimated_size() <= SENT_BYTES_PER_RECORD * job.records.height
+def _worth_sending(job: HelperJob) -> bool:
+    """Whether moving ``job``'s records to a helper costs less than running it here."""
+    height = job.records.height
+    return bool(height) and job.records.estimated_size() <= SENT_BYTES_PER_RECORD * height
 
 
 class _Waiting:
