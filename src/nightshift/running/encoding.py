@@ -10,8 +10,8 @@ template: the same ids), and sends back the ids as one flat array. Until a child
 loaded its tokenizer (seconds) batches are encoded here, so starting one never delays
 the first request. A run starts its children before it plans (``start_spare``), so
 they have loaded by the time the first batch is fed; the feed takes them over. Until
-then a first plan borrows them (``lend_spare``) to measure slices of the input beside
-it (``scheduling.firstpass``): they would be idle, and the plan is the same.
+then a first plan borrows them (``lend_spare``) to run jobs of its steps beside it
+(``scheduling.helpers``): they would be idle, and the plan is the same.
 
 A child reads its batches from a pipe the run alone writes to: when the run ends, or is
 killed, the pipe closes and the child exits.
@@ -148,9 +148,9 @@ def start_spare(spec: JobSpec, encoder: PromptEncoder, records: int) -> None:
 
 @contextlib.contextmanager
 def lend_spare(spec: JobSpec) -> Iterator[PlanHelpers | None]:
-    """The children started ahead for ``spec``, lent to its first plan while it measures
-    the input (``scheduling.firstpass``; None where there are none), then kept for its
-    feed as before (or closed, where others were started for it meanwhile)."""
+    """The children started ahead for ``spec``, lent to its first plan while it is built
+    (``scheduling.helpers``; None where there are none), then kept for its feed as
+    before (or closed, where others were started for it meanwhile)."""
     children = _take_spare(spec)
     try:
         yield PlanHelpers(children) if children else None
